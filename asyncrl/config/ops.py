@@ -1,0 +1,193 @@
+"""Configuration of where and how a run executes: devices, checkpoints, traces, gate and pipeline.
+
+Owns the operational sections of `RunConfig`. Secrets are never values here: service accounts and
+secrets are named by reference, and the cluster resolves them.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Literal
+
+from asyncrl.config.errors import require
+
+Placement = Literal["colocated", "disaggregated", "remote"]
+Backend = Literal["local", "gke"]
+TpuType = Literal["none", "v5e", "v5p", "v6e"]
+
+_TOPOLOGY = re.compile(r"^\d+x\d+(x\d+)?$")
+_URI = re.compile(r"^(gs://[a-z0-9][a-z0-9._-]{1,220}(/.*)?|[^:]+)$")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClusterConfig:
+    # Where execution happens: this machine ("local") or a GKE cluster ("gke").
+    backend: Backend = "local"
+    # How rollout and training share devices (DESIGN.md, "Topologies").
+    placement: Placement = "colocated"
+    # Devices for the rollout engine and for the learner when disaggregated (0 = all / the rest).
+    rollout_devices: int = 0
+    train_devices: int = 0
+    # Mesh axes of the train mesh; their product must equal its device count (1 = unsharded).
+    mesh_data: int = 1
+    mesh_fsdp: int = -1
+    mesh_tensor: int = 1
+    # TPU generation and slice topology for GKE ("2x4" on v6e is 8 chips).
+    tpu_type: TpuType = "none"
+    tpu_topology: str = ""
+    # Rollout replicas (separate processes or pods) when placement is "remote".
+    rollout_replicas: int = 0
+    # GCP project, location and cluster for the gke backend.
+    project: str = ""
+    location: str = ""
+    cluster_name: str = ""
+    # Node pool to create or reuse; spot capacity or a named reservation.
+    node_pool: str = ""
+    spot: bool = False
+    reservation: str = ""
+    # Kubernetes namespace and service account (by name; Workload Identity binds it to GCS).
+    namespace: str = "asyncrl"
+    service_account: str = "asyncrl-runner"
+    # Container image of all stages, by tag or digest.
+    image: str = "asyncrl-runtime:0.1.0"
+
+    def __post_init__(self) -> None:
+        require(
+            self.rollout_devices >= 0, "rollout_devices", self.rollout_devices, "an integer >= 0"
+        )
+        require(self.train_devices >= 0, "train_devices", self.train_devices, "an integer >= 0")
+        require(self.mesh_data >= 1, "mesh_data", self.mesh_data, "an integer >= 1")
+        require(self.mesh_tensor >= 1, "mesh_tensor", self.mesh_tensor, "an integer >= 1")
+        require(
+            self.mesh_fsdp >= 1 or self.mesh_fsdp == -1,
+            "mesh_fsdp",
+            self.mesh_fsdp,
+            "an integer >= 1, or -1 for all remaining devices",
+        )
+        require(self.rollout_replicas >= 0, "rollout_replicas", self.rollout_replicas, ">= 0")
+        require(
+            self.placement != "remote" or self.rollout_replicas >= 1,
+            "rollout_replicas",
+            self.rollout_replicas,
+            "at least 1 when placement is 'remote'",
+        )
+        require(
+            not self.tpu_topology or bool(_TOPOLOGY.match(self.tpu_topology)),
+            "tpu_topology",
+            self.tpu_topology,
+            "a topology such as '2x2', '2x4' or '2x2x2'",
+        )
+        if self.backend == "gke":
+            for name in ("project", "location", "cluster_name", "node_pool", "tpu_topology"):
+                value = getattr(self, name)
+                require(bool(value), name, value, "a non-empty value when backend is 'gke'")
+            require(self.tpu_type != "none", "tpu_type", self.tpu_type, "v5e, v5p or v6e on gke")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CheckpointConfig:
+    # Where checkpoints go: a local path or gs://bucket/prefix ("" = <run dir>/checkpoints).
+    dir: str = ""
+    # Save every this many optimizer steps (0 = only at the end).
+    every_steps: int = 10
+    # Complete checkpoints kept; older ones are deleted after a newer one is finalized.
+    max_to_keep: int = 3
+    # Write in the background while training continues.
+    async_save: bool = True
+
+    def __post_init__(self) -> None:
+        require(self.every_steps >= 0, "every_steps", self.every_steps, "an integer >= 0")
+        require(self.max_to_keep >= 1, "max_to_keep", self.max_to_keep, "an integer >= 1")
+        require(
+            not self.dir or bool(_URI.match(self.dir)),
+            "dir",
+            self.dir,
+            "a local path or gs://bucket/prefix",
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TracingConfig:
+    # Write a Perfetto trace of the run.
+    enabled: bool = True
+    # Events buffered before a chunk is flushed to disk (a crash loses at most one chunk).
+    chunk_events: int = 2048
+    # Seconds between samples of the counter tracks.
+    counter_interval_s: float = 0.5
+
+    def __post_init__(self) -> None:
+        require(self.chunk_events >= 1, "chunk_events", self.chunk_events, "an integer >= 1")
+        require(self.counter_interval_s > 0, "counter_interval_s", self.counter_interval_s, "> 0")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GateConfig:
+    # The candidate's held-out solve rate (pass@1) must reach this.
+    min_solve_rate: float = 0.0
+    # Largest allowed drop against the champion, per metric, in absolute points of the rate.
+    max_regression: float = 0.05
+    # Samples per task for pass@k, and their temperature (greedy is always evaluated too).
+    samples_per_task: int = 4
+    temperature: float = 1.0
+    # Confidence level of the intervals; a difference counts only beyond its interval.
+    confidence: float = 0.95
+    # Where the champion pointer lives (local path or gs://; "" = <runs dir>/champion).
+    champion: str = ""
+    # Promote a passing candidate to champion.
+    promote: bool = True
+
+    def __post_init__(self) -> None:
+        require(0 <= self.min_solve_rate <= 1, "min_solve_rate", self.min_solve_rate, "in [0, 1]")
+        require(0 <= self.max_regression <= 1, "max_regression", self.max_regression, "in [0, 1]")
+        require(self.samples_per_task >= 1, "samples_per_task", self.samples_per_task, ">= 1")
+        require(self.temperature > 0, "temperature", self.temperature, "a number > 0")
+        require(0.5 <= self.confidence < 1, "confidence", self.confidence, "a number in [0.5, 1)")
+
+
+Stage = Literal["provision", "warm_start", "train", "recovery_test", "quality_gate", "report"]
+ALL_STAGES: tuple[Stage, ...] = (
+    "provision",
+    "warm_start",
+    "train",
+    "recovery_test",
+    "quality_gate",
+    "report",
+)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PipelineConfig:
+    # Pipeline name shown in Kubeflow.
+    name: str = "asyncrl"
+    # Where runs are written locally (runs/<run-id>/) or the gs:// root of run artifacts.
+    runs_dir: str = "runs"
+    # Run id; "" = a timestamped id chosen at start.
+    run_id: str = ""
+    # Stages to run, in pipeline order.
+    stages: tuple[Stage, ...] = ALL_STAGES
+    # Kubeflow Pipelines endpoint for submit/schedule ("" = given on the command line).
+    kfp_host: str = ""
+    # Kubeflow experiment runs are filed under.
+    experiment: str = "asyncrl"
+    # Seconds a local or remote run may take before it is abandoned.
+    timeout_s: float = 3600.0
+
+    def __post_init__(self) -> None:
+        require(
+            bool(re.match(r"^[a-z0-9][a-z0-9-]*$", self.name)),
+            "name",
+            self.name,
+            "lowercase letters, digits and '-'",
+        )
+        require(bool(self.runs_dir), "runs_dir", self.runs_dir, "a non-empty path or gs:// URI")
+        require(
+            not self.run_id or bool(re.match(r"^[A-Za-z0-9][A-Za-z0-9._-]*$", self.run_id)),
+            "run_id",
+            self.run_id,
+            "letters, digits, '.', '_' and '-'",
+        )
+        require(len(set(self.stages)) == len(self.stages), "stages", self.stages, "no repeats")
+        order = [ALL_STAGES.index(s) for s in self.stages]
+        require(order == sorted(order), "stages", self.stages, f"a subsequence of {ALL_STAGES}")
+        require(self.timeout_s > 0, "timeout_s", self.timeout_s, "a number > 0")

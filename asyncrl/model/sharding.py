@@ -1,0 +1,88 @@
+"""Logical axis names of parameters mapped to a device mesh with axes (data, fsdp, tensor).
+
+Owns the rules and the placement of a model's state on a mesh. A dimension whose size the mesh axis
+does not divide stays replicated (e.g. 2 KV heads on a 4-way tensor axis), so every preset places on
+every mesh. Building meshes from a config's device counts is the business of `asyncrl.stages`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import jax
+import numpy as np
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+MESH_AXES = ("data", "fsdp", "tensor")
+
+# Megatron-style tensor parallelism over heads and the MLP width, FSDP over the model dimension.
+DEFAULT_RULES: Mapping[str, str | None] = {
+    "vocab": "tensor",
+    "embed": "fsdp",
+    "heads": "tensor",
+    "kv_heads": "tensor",
+    "head_dim": None,
+    "mlp": "tensor",
+    "norm": None,
+}
+
+
+def make_mesh(
+    devices: Sequence[jax.Device], data: int = 1, fsdp: int = -1, tensor: int = 1
+) -> Mesh:
+    """A (data, fsdp, tensor) mesh over `devices`; fsdp=-1 takes all devices left over."""
+    if fsdp == -1:
+        fsdp = len(devices) // (data * tensor)
+    if data * fsdp * tensor != len(devices):
+        raise ValueError(
+            f"mesh data={data} x fsdp={fsdp} x tensor={tensor} does not use {len(devices)} devices"
+        )
+    grid = np.asarray(devices, dtype=object).reshape(data, fsdp, tensor)
+    return Mesh(grid, MESH_AXES)
+
+
+def partition_spec(
+    axes: Sequence[str | None],
+    shape: Sequence[int],
+    mesh: Mesh,
+    rules: Mapping[str, str | None] = DEFAULT_RULES,
+) -> PartitionSpec:
+    """The spec for one array: each logical axis to its mesh axis when that divides the size."""
+    used: set[str] = set()
+    spec: list[str | None] = []
+    for name, size in zip(axes, shape, strict=True):
+        target = rules.get(name) if name is not None else None
+        if target is None or target in used or size % mesh.shape[target] != 0:
+            spec.append(None)
+            continue
+        used.add(target)
+        spec.append(target if mesh.shape[target] > 1 else None)
+    return PartitionSpec(*spec)
+
+
+def state_shardings(model: nnx.Module, mesh: Mesh, rules=DEFAULT_RULES) -> nnx.State:
+    """A NamedSharding for every variable of `model`, from its `logical_axes` metadata."""
+
+    def one(var: nnx.Variable) -> NamedSharding:
+        axes = var.get_metadata().get("logical_axes")
+        value = var[...]
+        if axes is None:
+            return NamedSharding(mesh, PartitionSpec())
+        return NamedSharding(mesh, partition_spec(axes, value.shape, mesh, rules))
+
+    state = nnx.state(model)
+    return jax.tree.map(one, state, is_leaf=lambda x: isinstance(x, nnx.Variable))
+
+
+def shard_model(model: nnx.Module, mesh: Mesh, rules=DEFAULT_RULES) -> None:
+    """Place every variable of `model` on `mesh` in place."""
+    shardings = state_shardings(model, mesh, rules)
+    state = nnx.state(model)
+    placed = jax.tree.map(
+        lambda var, s: var.replace(jax.device_put(var[...], s)),
+        state,
+        shardings,
+        is_leaf=lambda x: isinstance(x, nnx.Variable),
+    )
+    nnx.update(model, placed)
