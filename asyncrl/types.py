@@ -38,7 +38,7 @@ class ToolCall:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Message:
-    """One chat message; an assistant message may carry tool calls, a tool message names its tool."""
+    """One chat message; an assistant message may carry tool calls, a tool message its tool."""
 
     role: Role
     content: str = ""

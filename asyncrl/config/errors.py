@@ -36,6 +36,6 @@ def did_you_mean(word: str, choices: Iterable[str], prefix: str = "") -> str:
 
 
 def require(condition: bool, key: str, value: object, allowed: str) -> None:
-    """Raise a ConfigError for `key` unless `condition` holds; `allowed` says what would be valid."""
+    """Raise a ConfigError for `key` unless `condition` holds; `allowed` says what is valid."""
     if not condition:
         raise ConfigError(key, f"got {value!r}; allowed: {allowed}")

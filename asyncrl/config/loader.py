@@ -68,7 +68,8 @@ def from_dict(cls: type, data: object, prefix: str = "") -> typing.Any:
         if key not in hints:
             raise ConfigError(
                 dotted,
-                f"unknown key{did_you_mean(str(key), names, prefix)}; allowed keys: {', '.join(names)}",
+                f"unknown key{did_you_mean(str(key), names, prefix)}; "
+                f"allowed keys: {', '.join(names)}",
             )
         kwargs[key] = _convert(hints[key], value, dotted)
     try:

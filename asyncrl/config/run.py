@@ -117,7 +117,7 @@ class RunConfig:
         return _plain(dataclasses.asdict(self))
 
     def hash(self) -> str:
-        """A stable digest of everything that decides the run's results (pipeline paths excluded)."""
+        """A stable digest of what decides the run's results (the pipeline section excluded)."""
         data = self.to_dict()
         data.pop("pipeline")
         blob = json.dumps(data, sort_keys=True, separators=(",", ":"))

@@ -117,7 +117,7 @@ def load_into(model: Transformer, uri: str) -> None:
         for n, (_, s) in expected.items()
         if n not in tensors
     ]
-    # Tied models are often saved with a redundant lm_head; it is ignored, anything else is an error.
+    # Tied models are often saved with a redundant lm_head: ignored; anything else is an error.
     ignorable = {"lm_head.weight"} if cfg.tie_embeddings else set()
     problems += [
         f"unexpected tensor {n} {tuple(tensors[n].shape)}"
