@@ -1,0 +1,84 @@
+"""Tool calls parsed from the tokens a model sampled, in its chat format's syntax.
+
+Parsing works on tokens, not on re-tokenized text: in ChatML the call tags are special tokens, so
+only the model can open a call. A malformed call is reported as a `ParsedTurn` with an `error`,
+never raised: the agent decides whether the model sees the error or the episode ends.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from asyncrl.tokenize.chat import ChatFormat
+from asyncrl.types import ToolCall
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ParsedTurn:
+    content: str  # the turn's text outside tool calls
+    tool_calls: tuple[ToolCall, ...] = ()
+    error: str | None = None  # why the turn's tool-call syntax is malformed
+
+
+def _call_from_json(text: str, args_key: str) -> ToolCall | str:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        return f"tool call is not valid JSON ({e.msg} at character {e.pos})"
+    if not isinstance(value, dict) or not isinstance(value.get("name"), str):
+        return 'tool call must be a JSON object with a string "name"'
+    args = value.get(args_key, {})
+    if not isinstance(args, dict):
+        return f'tool call "{args_key}" must be a JSON object'
+    return ToolCall(name=value["name"], arguments_json=json.dumps(args))
+
+
+def parse_turn(fmt: ChatFormat, tokens: Sequence[int]) -> ParsedTurn:
+    """Split a sampled turn into text and tool calls (end-of-turn tokens are ignored)."""
+    body = [t for t in tokens if t not in fmt.stop_tokens]
+    if fmt.name == "llama3":
+        return _parse_llama3(fmt.tok.decode(body))
+    content: list[str] = []
+    calls: list[ToolCall] = []
+    i = 0
+    while i < len(body):
+        if body[i] == fmt.call_close:
+            return ParsedTurn(content=_join(content), error="</tool_call> without <tool_call>")
+        if body[i] != fmt.call_open:
+            j = i
+            while j < len(body) and body[j] not in (fmt.call_open, fmt.call_close):
+                j += 1
+            content.append(fmt.tok.decode(body[i:j]))
+            i = j
+            continue
+        try:
+            end = body.index(fmt.call_close, i + 1)
+        except ValueError:
+            return ParsedTurn(content=_join(content), error="<tool_call> is never closed")
+        call = _call_from_json(fmt.tok.decode(body[i + 1 : end]).strip(), "arguments")
+        if isinstance(call, str):
+            return ParsedTurn(content=_join(content), error=call)
+        calls.append(call)
+        i = end + 1
+    return ParsedTurn(content=_join(content), tool_calls=tuple(calls))
+
+
+def _join(parts: list[str]) -> str:
+    return "".join(parts).strip()
+
+
+def _parse_llama3(text: str) -> ParsedTurn:
+    stripped = text.strip()
+    if not stripped.startswith("{"):
+        return ParsedTurn(content=stripped)
+    calls: list[ToolCall] = []
+    for line in stripped.splitlines():
+        if not line.strip():
+            continue
+        call = _call_from_json(line.strip(), "parameters")
+        if isinstance(call, str):
+            return ParsedTurn(content="", error=call)
+        calls.append(call)
+    return ParsedTurn(content="", tool_calls=tuple(calls))
