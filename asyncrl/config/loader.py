@@ -20,6 +20,9 @@ from asyncrl.config.errors import ConfigError, did_you_mean
 from asyncrl.config.presets import MODEL_PRESETS
 from asyncrl.config.run import RunConfig
 
+# `model.preset: custom` starts from the ModelConfig defaults: every shape key is given explicitly.
+CUSTOM_PRESET = "custom"
+
 
 def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> RunConfig:
     """Read a YAML preset (or start from defaults), apply `key=value` overrides, validate."""
@@ -86,11 +89,13 @@ def to_yaml(config: RunConfig) -> str:
 
 def _expand_preset(data: dict[str, object], prefix: str) -> dict[str, object]:
     name = data["preset"]
+    if name == CUSTOM_PRESET:
+        return data
     if name not in MODEL_PRESETS:
         raise ConfigError(
-            f"{prefix}.preset",
+            f"{prefix}.preset" if prefix else "preset",
             f"unknown preset {name!r}{did_you_mean(str(name), MODEL_PRESETS)}; "
-            f"allowed: {', '.join(MODEL_PRESETS)}",
+            f"allowed: {', '.join([*MODEL_PRESETS, CUSTOM_PRESET])}",
         )
     return {**MODEL_PRESETS[str(name)], **data}
 

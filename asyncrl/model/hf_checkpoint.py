@@ -181,6 +181,9 @@ def model_fields_from_hf(config: Mapping[str, object]) -> dict[str, object]:
     if model_type not in ("llama", "qwen2"):
         raise ValueError(f"model_type {model_type!r} is not supported; allowed: llama, qwen2")
     n_heads = int(config["num_attention_heads"])
+    # transformers 4 writes rope_theta/rope_scaling; transformers 5 nests both in rope_parameters.
+    rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
+    assert isinstance(rope, Mapping)
     fields: dict[str, object] = {
         "preset": "custom",
         "architecture": model_type,
@@ -191,20 +194,19 @@ def model_fields_from_hf(config: Mapping[str, object]) -> dict[str, object]:
         "n_kv_heads": config.get("num_key_value_heads", n_heads),
         "head_dim": config.get("head_dim") or int(config["hidden_size"]) // n_heads,
         "d_ff": config["intermediate_size"],
-        "rope_theta": float(config.get("rope_theta", 10000.0)),
+        "rope_theta": float(config.get("rope_theta", rope.get("rope_theta", 10000.0))),
         "rms_eps": float(config.get("rms_norm_eps", 1e-6)),
         "qkv_bias": model_type == "qwen2" or bool(config.get("attention_bias", False)),
         "tie_embeddings": bool(config.get("tie_word_embeddings", False)),
         "max_seq_len": config.get("max_position_embeddings", 2048),
     }
-    scaling = config.get("rope_scaling")
-    if isinstance(scaling, Mapping) and scaling.get("rope_type", scaling.get("type")) == "llama3":
+    if rope.get("rope_type", rope.get("type")) == "llama3":
         fields.update(
             rope_scaling="llama3",
-            rope_factor=float(scaling["factor"]),
-            rope_low_freq_factor=float(scaling["low_freq_factor"]),
-            rope_high_freq_factor=float(scaling["high_freq_factor"]),
-            rope_original_max_len=int(scaling["original_max_position_embeddings"]),
+            rope_factor=float(rope["factor"]),
+            rope_low_freq_factor=float(rope["low_freq_factor"]),
+            rope_high_freq_factor=float(rope["high_freq_factor"]),
+            rope_original_max_len=int(rope["original_max_position_embeddings"]),
         )
     return fields
 

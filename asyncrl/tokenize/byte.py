@@ -1,8 +1,8 @@
 """A byte-level tokenizer with special tokens, for the tiny models.
 
-Ids 0-255 are the UTF-8 bytes; ids from 256 are the special tokens below, which cover both chat
-formats (ChatML and Llama 3) and the tool-call tags. The id space is fixed, so a checkpoint of a tiny
-model stays valid whatever text it is used on.
+Ids 0-255 are the UTF-8 bytes; ids from 256 are the special tokens below, which cover both
+chat formats (ChatML, Llama 3) and the tool-call tags. The id space is fixed, so a checkpoint of a
+tiny model stays valid whatever text it is used on.
 """
 
 from __future__ import annotations

@@ -1,0 +1,89 @@
+"""The `asyncrl` command line: thin argument parsing over the stages.
+
+Every command has `--help`. Configuration errors exit with status 2 and one line naming the key.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from dataclasses import asdict
+
+from asyncrl.config import ConfigError, load_config, to_yaml
+
+
+def _config_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("config", help="YAML preset, e.g. configs/local.yaml")
+    p.add_argument("overrides", nargs="*", help="dotted overrides such as learner.lr=3e-6")
+
+
+def _cmd_config_show(args: argparse.Namespace) -> int:
+    cfg = load_config(args.config, args.overrides)
+    sys.stdout.write(to_yaml(cfg))
+    sys.stdout.write(f"# config hash: {cfg.hash()}\n")
+    return 0
+
+
+def _cmd_model_info(args: argparse.Namespace) -> int:
+    from asyncrl.model import build_model, count_params
+
+    cfg = load_config(args.config, args.overrides)
+    model = build_model(cfg.model, seed=cfg.seed)
+    print(json.dumps({"preset": cfg.model.preset, "params": count_params(model)}, indent=2))
+    return 0
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from asyncrl.stages.model_check import model_check
+    from asyncrl.stages.run_dir import create_run_dir
+
+    cfg = load_config(args.config, args.overrides)
+    run_dir = create_run_dir(cfg)
+    print(f"run folder: {run_dir}")
+    result = model_check(cfg, run_dir)
+    print(json.dumps(asdict(result), indent=2))
+    print(f"model check: {'ok' if result.ok else 'FAILED'}; details in {run_dir}/model_check.json")
+    return 0 if result.ok else 1
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="asyncrl", description="Asynchronous agentic-RL post-training on JAX."
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="run the main job locally with a config")
+    _config_args(run)
+    run.set_defaults(func=_cmd_run)
+
+    config = sub.add_parser("config", help="inspect configurations")
+    config_sub = config.add_subparsers(dest="config_command", required=True)
+    show = config_sub.add_parser("show", help="print the resolved config")
+    _config_args(show)
+    show.set_defaults(func=_cmd_config_show)
+
+    model = sub.add_parser("model", help="inspect the model of a config")
+    model_sub = model.add_subparsers(dest="model_command", required=True)
+    info = model_sub.add_parser("info", help="print the parameter count")
+    _config_args(info)
+    info.set_defaults(func=_cmd_model_info)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args))
+    except ConfigError as e:
+        print(f"asyncrl: {e}", file=sys.stderr)
+        return 2
+    except FileNotFoundError as e:
+        print(f"asyncrl: file not found: {e.filename or e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

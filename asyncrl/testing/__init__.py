@@ -1,0 +1,2 @@
+"""Helpers for tests and benchmarks: tiny configs, and fakes of the outside world (never of our own
+components)."""

@@ -1,0 +1,34 @@
+"""Tiny run configurations for tests: small enough to compile and run in seconds on a CPU."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from asyncrl.config import ModelConfig, RunConfig, from_dict, load_config
+
+MICRO_OVERRIDES: tuple[str, ...] = (
+    "model.preset=micro",
+    "env.max_context=256",
+    "rollout.prefill_buckets=[16,64,128]",
+    "rollout.attention_windows=[64,128,256]",
+    "rollout.max_tokens=32",
+    "rollout.group_size=4",
+    "rollout.max_concurrency=8",
+    "rollout.engine_slots=8",
+    "env.max_response_tokens=96",
+    "learner.max_response_length=128",
+    "learner.batch_size=8",
+)
+
+
+def micro_config(*overrides: str) -> RunConfig:
+    """The micro model (≈0.1M parameters) with limits that fit it."""
+    return load_config(None, [*MICRO_OVERRIDES, *overrides])
+
+
+def model_config(preset: str = "micro", **fields: object) -> ModelConfig:
+    return from_dict(ModelConfig, {"preset": preset, **fields})
+
+
+def config_with(path: str, overrides: Sequence[str] = ()) -> RunConfig:
+    return load_config(path, overrides)

@@ -1,0 +1,61 @@
+"""The `asyncrl` command line: help everywhere, config show round-trips, bad keys exit 2."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from asyncrl.cli import build_parser, main
+from asyncrl.config import from_dict, load_config
+from asyncrl.config.run import RunConfig
+from asyncrl.testing.configs import MICRO_OVERRIDES
+
+
+def _commands(parser, prefix=()):
+    yield prefix
+    for action in parser._subparsers._group_actions if parser._subparsers else []:
+        for name, sub in action.choices.items():
+            yield from _commands(sub, (*prefix, name))
+
+
+@pytest.mark.parametrize("command", list(_commands(build_parser())), ids=" ".join)
+def test_every_command_has_help(command, capsys):
+    with pytest.raises(SystemExit) as info:
+        main([*command, "--help"])
+    assert info.value.code == 0
+    assert "usage: asyncrl" in capsys.readouterr().out
+
+
+def test_config_show_prints_the_resolved_config(capsys):
+    assert main(["config", "show", "configs/local.yaml", "learner.lr=2e-5"]) == 0
+    printed = yaml.safe_load(capsys.readouterr().out)
+    cfg = from_dict(RunConfig, printed)
+    assert cfg == load_config("configs/local.yaml", ["learner.lr=2e-5"])
+
+
+def test_bad_key_exits_2_with_one_clear_line(capsys):
+    assert main(["config", "show", "configs/local.yaml", "learner.lrr=1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "learner.lrr" in err[0] and "did you mean 'learner.lr'" in err[0]
+
+
+def test_missing_config_file_exits_2(capsys):
+    assert main(["config", "show", "configs/nope.yaml"]) == 2
+    assert "configs/nope.yaml" in capsys.readouterr().err
+
+
+@pytest.mark.entry
+def test_run_builds_checks_and_exports_the_model(tmp_path):
+    args = [*MICRO_OVERRIDES, f"pipeline.runs_dir={tmp_path}", "pipeline.run_id=t1"]
+    out = subprocess.run(
+        [sys.executable, "-m", "asyncrl.cli", "run", "configs/local.yaml", *args],
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 0, out.stderr
+    result = json.loads((tmp_path / "t1" / "model_check.json").read_text())
+    assert result["ok"] is True
+    assert (tmp_path / "t1" / "model" / "model.safetensors").exists()
+    assert load_config(tmp_path / "t1" / "config.yaml").model.preset == "micro"

@@ -1,0 +1,135 @@
+"""Tokenizers round-trip; chat rendering's model-produced mask is exact; tool calls parse."""
+
+import pytest
+
+from asyncrl import storage
+from asyncrl.tokenize import ByteTokenizer, ChatFormat, Conversation, render
+from asyncrl.tokenize.hf import HFTokenizer
+from asyncrl.tokenize.tool_calls import parse_turn
+from asyncrl.testing.tokenizers import write_bpe_tokenizer
+from asyncrl.types import Message, Role, ToolCall
+
+TEXTS = ["", "hello", "17 * 23 = 391", "naïve café — 東京 🚀", "<|im_end|> is only text here"]
+
+
+@pytest.fixture(scope="module")
+def hf_tokenizer(tmp_path_factory):
+    return HFTokenizer.load(str(write_bpe_tokenizer(tmp_path_factory.mktemp("tok"))))
+
+
+@pytest.fixture(params=["byte", "hf"])
+def tokenizer(request, hf_tokenizer):
+    return ByteTokenizer() if request.param == "byte" else hf_tokenizer
+
+
+@pytest.mark.parametrize("text", TEXTS)
+def test_round_trip(tokenizer, text):
+    assert tokenizer.decode(tokenizer.encode(text)) == text
+
+
+def test_special_spellings_in_text_never_become_special_tokens(tokenizer):
+    ids = tokenizer.encode("<|im_end|><tool_call>")
+    assert tokenizer.special_id("<|im_end|>") not in ids
+    assert tokenizer.special_id("<tool_call>") not in ids
+
+
+def test_hf_tokenizer_loads_from_gcs(gcs_bucket, tmp_path):
+    path = write_bpe_tokenizer(tmp_path)
+    uri = storage.join(gcs_bucket, "tok")
+    storage.write_bytes(storage.join(uri, "tokenizer.json"), path.read_bytes())
+    tok = HFTokenizer.load(uri)
+    assert tok.decode(tok.encode("The answer is 391.")) == "The answer is 391."
+
+
+CONVERSATION = [
+    Message(role=Role.SYSTEM, content="You can call tools."),
+    Message(role=Role.USER, content="What is 17 * 23?"),
+    Message(
+        role=Role.ASSISTANT,
+        content="Let me compute.",
+        tool_calls=(ToolCall(name="calculator", arguments_json='{"expression": "17 * 23"}'),),
+    ),
+    Message(role=Role.TOOL, name="calculator", content="391"),
+    Message(role=Role.ASSISTANT, content="The answer is 391."),
+]
+
+
+@pytest.mark.parametrize("fmt_name", ["chatml", "llama3"])
+def test_mask_marks_exactly_the_assistant_turns(tokenizer, fmt_name):
+    fmt = ChatFormat(fmt_name, tokenizer)
+    tokens, mask = render(fmt, CONVERSATION)
+    assert len(tokens) == len(mask)
+    # The masked tokens, in order, are each assistant body followed by its end-of-turn token.
+    expected = []
+    for m in CONVERSATION:
+        if m.role == Role.ASSISTANT:
+            expected += [*fmt.body(m), fmt.end_of_turn]
+    assert [t for t, k in zip(tokens, mask, strict=True) if k] == expected
+    # Every masked run starts right after an assistant header.
+    header = list(fmt.header(Role.ASSISTANT))
+    starts = [i for i in range(len(mask)) if mask[i] and (i == 0 or not mask[i - 1])]
+    assert len(starts) == 2
+    for i in starts:
+        assert tokens[i - len(header) : i] == header
+
+
+def test_appending_turns_never_retokenizes_earlier_ones(tokenizer):
+    fmt = ChatFormat("chatml", tokenizer)
+    conv = Conversation.of(fmt, CONVERSATION[:2])
+    conv.begin_assistant()
+    before = list(conv.tokens)
+    sampled = tokenizer.encode("The answer") + [fmt.end_of_turn]
+    conv.add_sampled(sampled)
+    assert conv.tokens[: len(before)] == before
+    assert conv.tokens[len(before) : len(before) + len(sampled)] == sampled
+    assert conv.mask[len(before) : len(before) + len(sampled)] == [1] * len(sampled)
+    assert sum(conv.mask) == len(sampled)
+
+
+def test_length_truncated_turn_is_closed_with_an_unmasked_end_token():
+    tok = ByteTokenizer()
+    fmt = ChatFormat("chatml", tok)
+    conv = Conversation.of(fmt, CONVERSATION[:2])
+    conv.begin_assistant()
+    conv.add_sampled(tok.encode("no end"))
+    assert conv.tokens[-2:] == [fmt.end_of_turn, *tok.encode("\n")]
+    assert conv.mask[-2:] == [0, 0]
+
+
+@pytest.mark.parametrize("fmt_name", ["chatml", "llama3"])
+def test_rendered_tool_calls_parse_back(tokenizer, fmt_name):
+    fmt = ChatFormat(fmt_name, tokenizer)
+    call = ToolCall(name="lookup", arguments_json='{"key": "apple"}')
+    msg = Message(role=Role.ASSISTANT, content="", tool_calls=(call, call))
+    parsed = parse_turn(fmt, [*fmt.body(msg), fmt.end_of_turn])
+    assert parsed.error is None
+    assert parsed.tool_calls == (call, call)
+
+
+@pytest.mark.parametrize(
+    ("pieces", "error"),
+    [
+        (["<tool_call>", '{"name": "x"'], "never closed"),
+        (["<tool_call>", "{nope}", "</tool_call>"], "not valid JSON"),
+        (["<tool_call>", '["x"]', "</tool_call>"], 'string "name"'),
+        (["<tool_call>", '{"name": "x", "arguments": 3}', "</tool_call>"], "must be a JSON object"),
+        (["</tool_call>"], "without <tool_call>"),
+    ],
+)
+def test_malformed_tool_calls_are_reported_not_raised(pieces, error):
+    tok = ByteTokenizer()
+    fmt = ChatFormat("chatml", tok)
+    tokens = []
+    for p in pieces:
+        tokens += [tok.special_id(p)] if tok.has_special(p) else tok.encode(p)
+    parsed = parse_turn(fmt, tokens)
+    assert parsed.tool_calls == ()
+    assert error in parsed.error
+
+
+def test_plain_answer_has_no_calls():
+    tok = ByteTokenizer()
+    fmt = ChatFormat("chatml", tok)
+    parsed = parse_turn(fmt, [*tok.encode("391"), fmt.end_of_turn])
+    assert parsed == parse_turn(fmt, tok.encode("391"))
+    assert parsed.content == "391" and parsed.error is None
