@@ -64,7 +64,7 @@ def test_missing_and_misshaped_tensors_are_named(tmp_path):
 
 
 def test_empty_directory_is_a_clear_error(tmp_path):
-    with pytest.raises(FileNotFoundError, match="neither model.safetensors nor"):
+    with pytest.raises(FileNotFoundError, match=r"neither model\.safetensors nor"):
         hf.load_into(build_model(model_config("micro")), str(tmp_path))
 
 

@@ -3,10 +3,10 @@
 import pytest
 
 from asyncrl import storage
+from asyncrl.testing.tokenizers import write_bpe_tokenizer
 from asyncrl.tokenize import ByteTokenizer, ChatFormat, Conversation, render
 from asyncrl.tokenize.hf import HFTokenizer
 from asyncrl.tokenize.tool_calls import parse_turn
-from asyncrl.testing.tokenizers import write_bpe_tokenizer
 from asyncrl.types import Message, Role, ToolCall
 
 TEXTS = ["", "hello", "17 * 23 = 391", "naïve café — 東京 🚀", "<|im_end|> is only text here"]
@@ -78,7 +78,7 @@ def test_appending_turns_never_retokenizes_earlier_ones(tokenizer):
     conv = Conversation.of(fmt, CONVERSATION[:2])
     conv.begin_assistant()
     before = list(conv.tokens)
-    sampled = tokenizer.encode("The answer") + [fmt.end_of_turn]
+    sampled = [*tokenizer.encode("The answer"), fmt.end_of_turn]
     conv.add_sampled(sampled)
     assert conv.tokens[: len(before)] == before
     assert conv.tokens[len(before) : len(before) + len(sampled)] == sampled

@@ -17,7 +17,7 @@ CORPUS = [
 
 
 def write_bpe_tokenizer(directory: Path, vocab_size: int = 600) -> Path:
-    """Train a byte-level BPE on a tiny corpus with the chat special tokens; write tokenizer.json."""
+    """Train a byte-level BPE with the chat special tokens on a tiny corpus; write it."""
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
