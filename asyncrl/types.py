@@ -132,3 +132,42 @@ class Group:
         """Oldest and newest policy version among the members' sampled tokens ((-1, -1) if none)."""
         versions = [v for t in self.trajectories for v in t.sampled_versions]
         return (min(versions), max(versions)) if versions else (-1, -1)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SamplingParams:
+    """How one request samples. temperature 0 is greedy; 0 / 1.0 switch a filter off."""
+
+    max_tokens: int = 64
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    stop_tokens: tuple[int, ...] = ()
+    stop_strings: tuple[str, ...] = ()
+    # PRNG seed of this request's stream; None = the engine draws a fresh one. Members of a group
+    # must never share a seed (identical samples give zero advantages).
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_tokens < 1:
+            raise ValueError(f"SamplingParams.max_tokens must be >= 1, got {self.max_tokens}")
+        if self.temperature < 0 or not 0 < self.top_p <= 1 or self.top_k < 0:
+            raise ValueError(f"invalid sampling parameters: {self}")
+        if not 0 <= self.min_p < 1 or self.repetition_penalty <= 0:
+            raise ValueError(f"invalid sampling parameters: {self}")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GenerateRequest:
+    """Tokens in: the whole prompt (the episode's full sequence so far).
+
+    `session` names the episode: the engine keeps its KV cache after the turn and reuses it when
+    the next prompt of the same session extends the tokens it has cached.
+    """
+
+    prompt: tuple[int, ...]
+    params: SamplingParams = field(default_factory=SamplingParams)
+    session: str = ""
+    timeout_s: float | None = None

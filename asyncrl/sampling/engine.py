@@ -1,0 +1,470 @@
+"""The in-process continuous-batching engine serving many asyncio episodes.
+
+A decode thread owns `slots` rows of one KV cache. Between two decode steps it applies a pending
+weight publish, drops cancelled and timed-out requests, admits waiting requests into free slots
+(chunked prefill padded to a few length buckets, reusing a session's cached prefix), advances every
+busy slot by one token with one batched step, and retires finished requests by resolving their
+futures on their own event loops. Shapes are static (slots × cache length; buckets; attention
+windows), so serving compiles nothing after `warmup()`.
+
+The engine knows nothing of tools, agents or training. It never blocks an event loop: the only
+waits on the caller's side are asyncio awaits (admission backpressure and the result).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import itertools
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from asyncrl.config import RolloutConfig
+from asyncrl.model import Transformer, init_cache
+from asyncrl.sampling.protocol import EngineClosed, PromptTooLong
+from asyncrl.sampling.slots import Slot, SlotTable
+from asyncrl.sampling.stats import EngineStats
+from asyncrl.sampling.steps import decode_step, prefill_step
+from asyncrl.sampling.strategies import RowParams
+from asyncrl.types import Completion, FinishReason, GenerateRequest
+
+
+@dataclass(slots=True, eq=False)
+class _Live:
+    """A request inside the engine, from `generate` until its future is resolved."""
+
+    request: GenerateRequest
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future
+    release_admission: Callable[[], None]
+    key: np.ndarray  # [2] uint32: the request's PRNG stream
+    deadline: float
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    raw: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    cancelled: bool = False
+    slot: Slot | None = None
+    cached_tokens: int = 0
+
+
+class Engine:
+    def __init__(
+        self,
+        model: Transformer,
+        cfg: RolloutConfig,
+        *,
+        max_len: int,
+        vocab_limit: int | None = None,
+        decode_text: Callable[[Sequence[int]], str] | None = None,
+        seed: int = 0,
+        version: int = 0,
+    ) -> None:
+        self.cfg = cfg
+        self.max_len = max_len
+        self.vocab_limit = vocab_limit or model.cfg.vocab_size
+        self.decode_text = decode_text
+        self._graphdef, state = nnx.split(model)
+        self._state = _own_copy(state)
+        self._version = version
+        self._slots = SlotTable(cfg.engine_slots)
+        self._buckets = tuple(b for b in cfg.prefill_buckets if b <= max_len) or (max_len,)
+        self._windows = tuple(sorted({min(w, max_len) for w in cfg.attention_windows} | {max_len}))
+        self._cache = init_cache(model.cfg, cfg.engine_slots, max_len)
+        self._presence = jnp.zeros((cfg.engine_slots, model.cfg.vocab_size), bool)
+        n = cfg.engine_slots
+        self._row_tokens = np.zeros(n, np.int32)
+        self._row_pos = np.full(n, max_len, np.int32)
+        self._row_keys = np.zeros((n, 2), np.uint32)
+        self._row_params = _RowArrays(n)
+        self._live: dict[int, _Live] = {}  # slot index -> request decoding there
+        self._waiting: deque[_Live] = deque()
+        self._pending_publish: tuple[nnx.State, int] | None = None
+        self._cv = threading.Condition()
+        self._closed = False
+        # Fresh seeds for requests without one: a per-engine stream, never repeated within it.
+        self._seeds = itertools.count(int(np.random.SeedSequence(seed).generate_state(1)[0]) << 20)
+        self._semaphores: dict[asyncio.AbstractEventLoop, asyncio.Semaphore] = {}
+        self.stats = EngineStats()
+        self._thread = threading.Thread(target=self._run, name="asyncrl-engine", daemon=True)
+        self._thread.start()
+
+    # -- the caller's side (any event loop) --------------------------------------------------------
+    @property
+    def version(self) -> int:
+        return self._version
+
+    async def generate(self, request: GenerateRequest) -> Completion:
+        if not request.prompt:
+            raise ValueError("a request needs at least one prompt token")
+        if len(request.prompt) + 1 > self.max_len:
+            raise PromptTooLong(
+                f"prompt of {len(request.prompt)} tokens leaves no room in the context window of "
+                f"{self.max_len} tokens"
+            )
+        if self._closed:
+            raise EngineClosed("the engine is closed")
+        loop = asyncio.get_running_loop()
+        sem = self._semaphores.setdefault(loop, asyncio.Semaphore(self.cfg.engine_queue))
+        await sem.acquire()
+        seed = request.params.seed if request.params.seed is not None else next(self._seeds)
+        timeout = request.timeout_s if request.timeout_s is not None else self.cfg.request_timeout_s
+        live = _Live(
+            request=request,
+            loop=loop,
+            future=loop.create_future(),
+            release_admission=lambda: loop.call_soon_threadsafe(sem.release),
+            key=_key_data(seed),
+            deadline=time.monotonic() + timeout,
+        )
+        with self._cv:
+            if self._closed:
+                sem.release()
+                raise EngineClosed("the engine is closed")
+            self._waiting.append(live)
+            self._cv.notify()
+        try:
+            return await live.future
+        except asyncio.CancelledError:
+            live.cancelled = True
+            with self._cv:
+                self._cv.notify()
+            raise
+
+    def publish(self, params: nnx.State, version: int) -> None:
+        """Use `params` from the next decode step on; the engine keeps its own copy of them."""
+        owned = _own_copy(params)
+        with self._cv:
+            self._pending_publish = (owned, version)
+            self._cv.notify()
+
+    def close(self) -> None:
+        with self._cv:
+            self._closed = True
+            self._cv.notify()
+        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+            self._thread.join()
+
+    def warmup(self) -> None:
+        """Compile every prefill bucket and decode window (with and without sorting filters)."""
+        with self._cv:
+            if self._live or self._waiting:
+                raise RuntimeError("warm up before serving")
+            for sort in (False, True):
+                for width in self._buckets:
+                    self._prefill_chunk(
+                        0, [0] * width, 0, _RowArrays(1).row(), self._row_keys[:1], sort
+                    )
+                for window in self._windows:
+                    self._decode(window, sort, np.zeros(self.cfg.engine_slots, bool))
+            self._presence = jnp.zeros_like(self._presence)
+
+    # -- the decode thread ---------------------------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            while True:
+                with self._cv:
+                    while not (
+                        self._closed or self._waiting or self._live or self._pending_publish
+                    ):
+                        self._cv.wait()
+                    if self._closed:
+                        break
+                    publish, self._pending_publish = self._pending_publish, None
+                    admit = self._take_waiting()
+                if publish is not None:
+                    self._apply_publish(*publish)
+                self._reap()
+                for live in admit:
+                    self._admit(live)
+                if self._live:
+                    self._step()
+        except BaseException as e:  # a device error must fail requests, not hang them
+            self._fail_all(e)
+            raise
+        self._fail_all(EngineClosed("the engine was closed"))
+
+    def _take_waiting(self) -> list[_Live]:
+        taken: list[_Live] = []
+        free = self._slots.free_count()
+        while self._waiting and len(taken) < free:
+            live = self._waiting.popleft()
+            live.release_admission()
+            if live.cancelled:
+                continue
+            taken.append(live)
+        return taken
+
+    def _admit(self, live: _Live) -> None:
+        if live.cancelled:
+            return
+        if time.monotonic() > live.deadline:
+            self._resolve(live, FinishReason.TIMEOUT)
+            return
+        req = live.request
+        exact = None if self.cfg.in_flight_policy == "continue" else self._version
+        slot, reuse = self._slots.acquire(req.session, req.prompt, exact)
+        live.slot, live.cached_tokens = slot, reuse
+        self._live[slot.index] = live
+        params = self._row_params.set(slot.index, req.params)
+        self._row_keys[slot.index] = live.key
+        t0 = time.perf_counter()
+        tok, logp, raw = self._prefill(slot, req.prompt, reuse, params, live.key[None], True)
+        self.stats.record_prefill(len(req.prompt) - reuse, reuse, time.perf_counter() - t0)
+        self._accept(live, tok, logp, raw)
+
+    def _prefill(self, slot: Slot, seq: Sequence[int], start: int, params, key, sample_sort):
+        """Run seq[start:] into the slot's cache in bucket-sized chunks; sample after the last."""
+        presence_row = np.zeros(self._presence.shape[1], bool)
+        presence_row[np.asarray(seq, np.int64)] = True
+        sort = sample_sort and bool(params.top_k[0] > 0 or params.top_p[0] < 1)
+        largest = self._buckets[-1]
+        pos = start
+        out = None
+        while pos < len(seq):
+            chunk = list(seq[pos : pos + largest])
+            width = self._buckets[bisect.bisect_left(self._buckets, len(chunk))]
+            out = self._prefill_chunk(
+                slot.index,
+                chunk + [0] * (width - len(chunk)),
+                pos,
+                params,
+                key,
+                sort,
+                n_valid=len(chunk),
+                presence_row=presence_row,
+            )
+            pos += len(chunk)
+        slot.cached = list(seq)
+        slot.version = self._version if start == 0 else min(slot.version, self._version)
+        assert out is not None
+        return out
+
+    def _prefill_chunk(
+        self, slot, chunk, start, params, key, sort, n_valid=None, presence_row=None
+    ):
+        if presence_row is None:
+            presence_row = np.zeros(self._presence.shape[1], bool)
+        tok, logp, raw, self._cache, self._presence = prefill_step(
+            self._graphdef,
+            self._state,
+            self._cache,
+            self._presence,
+            np.int32(slot),
+            np.asarray([chunk], np.int32),
+            np.int32(start),
+            np.int32(len(chunk) if n_valid is None else n_valid),
+            presence_row,
+            params,
+            key,
+            np.zeros(1, np.int32),
+            sort=sort,
+            vocab_limit=self.vocab_limit,
+        )
+        return int(tok), float(logp), float(raw)
+
+    def _step(self) -> None:
+        active = np.zeros(self.cfg.engine_slots, bool)
+        for i in self._live:
+            active[i] = True
+        longest = int(self._row_pos[active].max()) + 1
+        window = self._windows[bisect.bisect_left(self._windows, longest)]
+        sort = bool(np.any(active & ((self._row_params.top_k > 0) | (self._row_params.top_p < 1))))
+        t0 = time.perf_counter()
+        tok, logp, raw = self._decode(window, sort, active)
+        self.stats.record_step(int(active.sum()), time.perf_counter() - t0)
+        for i, live in list(self._live.items()):
+            self._row_pos[i] += 1
+            live.slot.cached.append(int(self._row_tokens[i]))
+            self._accept(live, int(tok[i]), float(logp[i]), float(raw[i]))
+
+    def _decode(self, window: int, sort: bool, active: np.ndarray):
+        counters = np.asarray(
+            [
+                len(self._live[i].tokens) if i in self._live else 0
+                for i in range(self.cfg.engine_slots)
+            ],
+            np.int32,
+        )
+        positions = np.where(active, self._row_pos, self.max_len).astype(np.int32)
+        out = decode_step(
+            self._graphdef,
+            self._state,
+            self._cache,
+            self._presence,
+            self._row_tokens,
+            positions,
+            active,
+            self._row_params.all(),
+            self._row_keys,
+            counters,
+            window=window,
+            sort=sort,
+            vocab_limit=self.vocab_limit,
+        )
+        tok, logp, raw, self._cache, self._presence = out
+        return np.asarray(tok), np.asarray(logp), np.asarray(raw)
+
+    def _accept(self, live: _Live, tok: int, logp: float, raw: float) -> None:
+        """Record one sampled token and retire the request if it is finished."""
+        live.tokens.append(tok)
+        live.logprobs.append(logp)
+        live.raw.append(raw)
+        live.versions.append(self._version)
+        slot = live.slot
+        self._row_tokens[slot.index] = tok
+        self._row_pos[slot.index] = len(slot.cached)
+        reason = self._finish_reason(live)
+        if reason is not None:
+            self._retire(live, reason)
+
+    def _finish_reason(self, live: _Live) -> FinishReason | None:
+        p = live.request.params
+        if live.tokens[-1] in p.stop_tokens:
+            return FinishReason.STOP
+        if p.stop_strings and self.decode_text is not None:
+            tail = self.decode_text(live.tokens[-64:])
+            if any(s in tail for s in p.stop_strings):
+                return FinishReason.STOP
+        if len(live.tokens) >= p.max_tokens:
+            return FinishReason.LENGTH
+        if len(live.request.prompt) + len(live.tokens) >= self.max_len:
+            return FinishReason.CONTEXT
+        if time.monotonic() > live.deadline:
+            return FinishReason.TIMEOUT
+        return None
+
+    def _retire(self, live: _Live, reason: FinishReason) -> None:
+        slot = live.slot
+        if slot is not None and self._live.get(slot.index) is live:
+            del self._live[slot.index]
+            self._row_pos[slot.index] = self.max_len
+            self._slots.release(slot)
+        if not live.cancelled:
+            self._resolve(live, reason)
+
+    def _reap(self) -> None:
+        now = time.monotonic()
+        for live in list(self._live.values()):
+            if live.cancelled:
+                self._retire(live, FinishReason.CANCELLED)
+            elif now > live.deadline:
+                self._retire(live, FinishReason.TIMEOUT)
+
+    def _apply_publish(self, state: nnx.State, version: int) -> None:
+        self._state, self._version = state, version
+        self.stats.publishes += 1
+        if self.cfg.in_flight_policy != "recompute":
+            return
+        # Recompute every in-flight sequence's cache with the new weights before it continues.
+        for live in self._live.values():
+            slot = live.slot
+            seq = [*live.request.prompt, *live.tokens[:-1]]
+            params = self._row_params.row_of(slot.index)
+            self._prefill(slot, seq, 0, params, live.key[None], False)
+            self._row_pos[slot.index] = len(slot.cached)
+
+    def _resolve(self, live: _Live, reason: FinishReason) -> None:
+        completion = Completion(
+            tokens=tuple(live.tokens),
+            logprobs=tuple(live.logprobs),
+            raw_logprobs=tuple(live.raw),
+            versions=tuple(live.versions),
+            finish_reason=reason,
+            prompt_tokens=len(live.request.prompt),
+            cached_tokens=live.cached_tokens,
+        )
+        self.stats.completed += 1
+        self.stats.generated_tokens += len(live.tokens)
+
+        def deliver() -> None:
+            if not live.future.done():
+                live.future.set_result(completion)
+
+        _call_soon(live.loop, deliver)
+
+    def _fail_all(self, error: BaseException) -> None:
+        with self._cv:
+            self._closed = True
+            pending = [*self._waiting, *self._live.values()]
+            self._waiting.clear()
+            self._live.clear()
+        for live in pending:
+            exc = (
+                error
+                if isinstance(error, EngineClosed)
+                else EngineClosed(f"engine failed: {error!r}")
+            )
+
+            def fail(live: _Live = live, exc: BaseException = exc) -> None:
+                if not live.future.done():
+                    live.future.set_exception(exc)
+
+            _call_soon(live.loop, fail)
+
+
+def _call_soon(loop: asyncio.AbstractEventLoop, fn: Callable[[], None]) -> None:
+    try:
+        loop.call_soon_threadsafe(fn)
+    except RuntimeError:  # the caller's loop is closed: nobody is waiting any more
+        pass
+
+
+def _key_data(seed: int) -> np.ndarray:
+    """Threefry key data for a seed, built on the host (no device op, nothing to compile)."""
+    seed = int(seed) & ((1 << 64) - 1)
+    return np.asarray([seed >> 32, seed & 0xFFFFFFFF], np.uint32)
+
+
+def _own_copy(state: nnx.State) -> nnx.State:
+    """A copy of the parameters that nobody else can donate or overwrite."""
+    return jax.tree.map(lambda x: jnp.array(x, copy=True), state)
+
+
+class _RowArrays:
+    """Per-slot sampling parameters as host arrays, shipped to the device each step."""
+
+    def __init__(self, n: int) -> None:
+        self.temperature = np.ones(n, np.float32)
+        self.top_k = np.zeros(n, np.int32)
+        self.top_p = np.ones(n, np.float32)
+        self.min_p = np.zeros(n, np.float32)
+        self.repetition_penalty = np.ones(n, np.float32)
+
+    def set(self, i: int, p) -> RowParams:
+        self.temperature[i] = p.temperature
+        self.top_k[i] = p.top_k
+        self.top_p[i] = p.top_p
+        self.min_p[i] = p.min_p
+        self.repetition_penalty[i] = p.repetition_penalty
+        return self.row_of(i)
+
+    def row_of(self, i: int) -> RowParams:
+        sl = slice(i, i + 1)
+        return RowParams(
+            temperature=self.temperature[sl],
+            top_k=self.top_k[sl],
+            top_p=self.top_p[sl],
+            min_p=self.min_p[sl],
+            repetition_penalty=self.repetition_penalty[sl],
+        )
+
+    def row(self) -> RowParams:
+        return self.row_of(0)
+
+    def all(self) -> RowParams:
+        return RowParams(
+            temperature=self.temperature,
+            top_k=self.top_k,
+            top_p=self.top_p,
+            min_p=self.min_p,
+            repetition_penalty=self.repetition_penalty,
+        )

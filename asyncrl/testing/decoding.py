@@ -1,0 +1,45 @@
+"""Reference decoding for tests and benchmarks: the naive full forward, one token at a time."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from asyncrl.model import Transformer
+
+
+@nnx.jit
+def _full_forward(model: Transformer, tokens: jax.Array) -> jax.Array:
+    return model(tokens, jnp.arange(tokens.shape[1])[None])[0][0]
+
+
+def full_logprobs(
+    model: Transformer, sequence: Sequence[int], vocab_limit: int | None = None
+) -> np.ndarray:
+    """log-softmax of the full forward at every position of `sequence` ([T, V'])
+
+    over the first `vocab_limit` ids (all by default), as an engine with that limit samples."""
+    logits = _full_forward(model, jnp.asarray([list(sequence)], jnp.int32))
+    return np.asarray(jax.nn.log_softmax(logits[:, :vocab_limit], axis=-1))
+
+
+def naive_greedy(
+    model: Transformer,
+    prompt: Sequence[int],
+    max_tokens: int,
+    stop: Sequence[int] = (),
+    vocab_limit: int | None = None,
+) -> list[int]:
+    """Greedy decoding by re-running the full forward over the whole sequence for each token."""
+    seq, out = list(prompt), []
+    for _ in range(max_tokens):
+        tok = int(np.argmax(full_logprobs(model, seq, vocab_limit)[-1]))
+        out.append(tok)
+        seq.append(tok)
+        if tok in stop:
+            break
+    return out
