@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import contextlib
 import itertools
 import threading
 import time
@@ -167,7 +168,7 @@ class Engine:
                     self._decode(window, sort, np.zeros(self.cfg.engine_slots, bool))
             self._presence = jnp.zeros_like(self._presence)
 
-    # -- the decode thread ---------------------------------------------------------------------------
+    # -- the decode thread -------------------------------------------------------------------------
     def _run(self) -> None:
         try:
             while True:
@@ -412,10 +413,9 @@ class Engine:
 
 
 def _call_soon(loop: asyncio.AbstractEventLoop, fn: Callable[[], None]) -> None:
-    try:
+    # A closed caller loop means nobody is waiting for the result any more.
+    with contextlib.suppress(RuntimeError):
         loop.call_soon_threadsafe(fn)
-    except RuntimeError:  # the caller's loop is closed: nobody is waiting any more
-        pass
 
 
 def _key_data(seed: int) -> np.ndarray:
