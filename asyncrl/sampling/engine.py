@@ -79,6 +79,8 @@ class Engine:
         self._slots = SlotTable(cfg.engine_slots)
         self._buckets = tuple(b for b in cfg.prefill_buckets if b <= max_len) or (max_len,)
         self._windows = tuple(sorted({min(w, max_len) for w in cfg.attention_windows} | {max_len}))
+        # Admissions at least this many at once are prefilled in one call over all slots.
+        self._wide_threshold = max(2, cfg.engine_slots // 8)
         self._cache = init_cache(model.cfg, cfg.engine_slots, max_len)
         self._presence = jnp.zeros((cfg.engine_slots, model.cfg.vocab_size), bool)
         n = cfg.engine_slots
@@ -155,16 +157,15 @@ class Engine:
             self._thread.join()
 
     def warmup(self) -> None:
-        """Compile every prefill bucket and decode window (with and without sorting filters)."""
+        """Compile every prefill shape (one row and all rows) and every decode window."""
         with self._cv:
             if self._live or self._waiting:
                 raise RuntimeError("warm up before serving")
-            for sort in (False, True):
-                for width in self._buckets:
-                    self._prefill_chunk(
-                        0, [0] * width, 0, _RowArrays(1).row(), self._row_keys[:1], sort
-                    )
-                for window in self._windows:
+            for width, window in self._prefill_shapes():
+                for rows in sorted({1, self.cfg.engine_slots}):
+                    self._prefill_call(_PrefillBatch(rows, width, self.max_len), window)
+            for window in self._windows:
+                for sort in (False, True):
                     self._decode(window, sort, np.zeros(self.cfg.engine_slots, bool))
             self._presence = jnp.zeros_like(self._presence)
 
@@ -184,8 +185,8 @@ class Engine:
                 if publish is not None:
                     self._apply_publish(*publish)
                 self._reap()
-                for live in admit:
-                    self._admit(live)
+                if admit:
+                    self._admit(admit)
                 if self._live:
                     self._step()
         except BaseException as e:  # a device error must fail requests, not hang them
@@ -204,73 +205,120 @@ class Engine:
             taken.append(live)
         return taken
 
-    def _admit(self, live: _Live) -> None:
-        if live.cancelled:
-            return
-        if time.monotonic() > live.deadline:
-            self._resolve(live, FinishReason.TIMEOUT)
-            return
-        req = live.request
+    def _admit(self, lives: list[_Live]) -> None:
+        """Give each request a slot, prefill them all, and record their first tokens."""
+        admitted: list[_Live] = []
+        now = time.monotonic()
         exact = None if self.cfg.in_flight_policy == "continue" else self._version
-        slot, reuse = self._slots.acquire(req.session, req.prompt, exact)
-        live.slot, live.cached_tokens = slot, reuse
-        self._live[slot.index] = live
-        params = self._row_params.set(slot.index, req.params)
-        self._row_keys[slot.index] = live.key
+        for live in lives:
+            if live.cancelled:
+                continue
+            if now > live.deadline:
+                self._resolve(live, FinishReason.TIMEOUT)
+                continue
+            req = live.request
+            slot, live.cached_tokens = self._slots.acquire(req.session, req.prompt, exact)
+            live.slot = slot
+            self._live[slot.index] = live
+            self._row_params.set(slot.index, req.params)
+            self._row_keys[slot.index] = live.key
+            admitted.append(live)
         t0 = time.perf_counter()
-        tok, logp, raw = self._prefill(slot, req.prompt, reuse, params, live.key[None], True)
-        self.stats.record_prefill(len(req.prompt) - reuse, reuse, time.perf_counter() - t0)
-        self._accept(live, tok, logp, raw)
-
-    def _prefill(self, slot: Slot, seq: Sequence[int], start: int, params, key, sample_sort):
-        """Run seq[start:] into the slot's cache in bucket-sized chunks; sample after the last."""
-        presence_row = np.zeros(self._presence.shape[1], bool)
-        presence_row[np.asarray(seq, np.int64)] = True
-        sort = sample_sort and bool(params.top_k[0] > 0 or params.top_p[0] < 1)
         largest = self._buckets[-1]
-        pos = start
-        out = None
+        short = [x for x in admitted if len(x.request.prompt) - x.cached_tokens <= largest]
+        wide = short if len(short) >= self._wide_threshold else []
+        firsts = self._prefill_wide(wide) if wide else {}
+        for live in admitted:
+            if live not in firsts:
+                firsts[live] = self._prefill_row(live.slot, live.request.prompt, live.cached_tokens)
+        computed = sum(len(x.request.prompt) - x.cached_tokens for x in admitted)
+        reused = sum(x.cached_tokens for x in admitted)
+        self.stats.record_prefill(computed, reused, time.perf_counter() - t0)
+        for live in admitted:
+            self._accept(live, *firsts[live])
+
+    def _prefill_shapes(self) -> list[tuple[int, int]]:
+        """Every (bucket width, attention window) pair a prefill chunk can need."""
+        return [(b, w) for b in self._buckets for w in self._windows if w >= b]
+
+    def _window_for(self, end: int) -> int:
+        return self._windows[bisect.bisect_left(self._windows, end)]
+
+    def _bucket_for(self, length: int) -> int:
+        return self._buckets[bisect.bisect_left(self._buckets, length)]
+
+    def _prefill_row(self, slot: Slot, seq: Sequence[int], start: int, keep: bool = True):
+        """Run seq[start:] into one slot in bucket-sized chunks; returns the token sampled last.
+
+        `keep` False (recomputing a cache after a publish) discards that token.
+        """
+        largest = self._buckets[-1]
+        pos, out = start, None
         while pos < len(seq):
-            chunk = list(seq[pos : pos + largest])
-            width = self._buckets[bisect.bisect_left(self._buckets, len(chunk))]
-            out = self._prefill_chunk(
-                slot.index,
-                chunk + [0] * (width - len(chunk)),
-                pos,
-                params,
-                key,
-                sort,
-                n_valid=len(chunk),
-                presence_row=presence_row,
-            )
+            chunk = seq[pos : pos + largest]
+            batch = _PrefillBatch(1, self._bucket_for(len(chunk)), self.max_len)
+            is_last = pos + len(chunk) == len(seq)
+            batch.put(0, slot.index, chunk, pos, reset=pos == 0, final=is_last and keep)
+            params = self._row_params.row_of(slot.index)
+            keys = self._row_keys[slot.index : slot.index + 1]
+            out = self._prefill_call(batch, self._window_for(pos + len(chunk)), params, keys)
             pos += len(chunk)
+        self._note_cached(slot, seq, start)
+        assert out is not None
+        return out[0][0], out[1][0], out[2][0]
+
+    def _prefill_wide(self, lives: list[_Live]) -> dict[_Live, tuple[int, float, float]]:
+        """One call over all slots for prompts whose uncached part fits one bucket."""
+        n = self.cfg.engine_slots
+        longest = max(len(x.request.prompt) - x.cached_tokens for x in lives)
+        batch = _PrefillBatch(n, self._bucket_for(longest), self.max_len)
+        for live in lives:
+            i = live.slot.index
+            batch.put(
+                i,
+                i,
+                live.request.prompt[live.cached_tokens :],
+                live.cached_tokens,
+                reset=live.cached_tokens == 0,
+                final=True,
+            )
+        end = max(len(x.request.prompt) for x in lives)
+        tok, logp, raw = self._prefill_call(
+            batch, self._window_for(end), self._row_params.all(), self._row_keys
+        )
+        for live in lives:
+            self._note_cached(live.slot, live.request.prompt, live.cached_tokens)
+        return {
+            x: (int(tok[x.slot.index]), float(logp[x.slot.index]), float(raw[x.slot.index]))
+            for x in lives
+        }
+
+    def _note_cached(self, slot: Slot, seq: Sequence[int], start: int) -> None:
         slot.cached = list(seq)
         slot.version = self._version if start == 0 else min(slot.version, self._version)
-        assert out is not None
-        return out
 
-    def _prefill_chunk(
-        self, slot, chunk, start, params, key, sort, n_valid=None, presence_row=None
-    ):
-        if presence_row is None:
-            presence_row = np.zeros(self._presence.shape[1], bool)
+    def _prefill_call(self, batch: _PrefillBatch, window: int, params=None, keys=None):
+        rows = batch.tokens.shape[0]
+        params = params if params is not None else _RowArrays(rows).all()
+        keys = keys if keys is not None else np.zeros((rows, 2), np.uint32)
         tok, logp, raw, self._cache, self._presence = prefill_step(
             self._graphdef,
             self._state,
             self._cache,
             self._presence,
-            np.int32(slot),
-            np.asarray([chunk], np.int32),
-            np.int32(start),
-            np.int32(len(chunk) if n_valid is None else n_valid),
-            presence_row,
+            batch.slots,
+            batch.tokens,
+            batch.starts,
+            batch.n_valid,
+            batch.reset,
+            batch.final,
             params,
-            key,
-            np.zeros(1, np.int32),
-            sort=sort,
+            keys,
+            np.zeros(rows, np.int32),
+            window=window,
             vocab_limit=self.vocab_limit,
         )
-        return int(tok), float(logp), float(raw)
+        return np.asarray(tok), np.asarray(logp), np.asarray(raw)
 
     def _step(self) -> None:
         active = np.zeros(self.cfg.engine_slots, bool)
@@ -369,8 +417,7 @@ class Engine:
         for live in self._live.values():
             slot = live.slot
             seq = [*live.request.prompt, *live.tokens[:-1]]
-            params = self._row_params.row_of(slot.index)
-            self._prefill(slot, seq, 0, params, live.key[None], False)
+            self._prefill_row(slot, seq, 0, keep=False)
             self._row_pos[slot.index] = len(slot.cached)
 
     def _resolve(self, live: _Live, reason: FinishReason) -> None:
@@ -429,6 +476,26 @@ def _own_copy(state: nnx.State) -> nnx.State:
     return jax.tree.map(lambda x: jnp.array(x, copy=True), state)
 
 
+class _PrefillBatch:
+    """Host arrays of one prefill call: `rows` rows of `width` tokens; unused rows stay inert."""
+
+    def __init__(self, rows: int, width: int, max_len: int) -> None:
+        self.slots = np.arange(rows, dtype=np.int32)
+        self.tokens = np.zeros((rows, width), np.int32)
+        self.starts = np.full(rows, max_len, np.int32)  # inert rows write past the cache end
+        self.n_valid = np.zeros(rows, np.int32)
+        self.reset = np.zeros(rows, bool)
+        self.final = np.zeros(rows, bool)
+
+    def put(self, row: int, slot: int, chunk: Sequence[int], start: int, *, reset, final) -> None:
+        self.slots[row] = slot
+        self.tokens[row, : len(chunk)] = chunk
+        self.starts[row] = start
+        self.n_valid[row] = len(chunk)
+        self.reset[row] = reset
+        self.final[row] = final
+
+
 class _RowArrays:
     """Per-slot sampling parameters as host arrays, shipped to the device each step."""
 
@@ -456,9 +523,6 @@ class _RowArrays:
             min_p=self.min_p[sl],
             repetition_penalty=self.repetition_penalty[sl],
         )
-
-    def row(self) -> RowParams:
-        return self.row_of(0)
 
     def all(self) -> RowParams:
         return RowParams(

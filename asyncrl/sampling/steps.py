@@ -33,44 +33,58 @@ def _mask_vocab(logits: jax.Array, vocab_limit: int) -> jax.Array:
 
 
 @functools.partial(
-    jax.jit, static_argnames=("graphdef", "sort", "vocab_limit"), donate_argnums=(2, 3)
+    jax.jit, static_argnames=("graphdef", "window", "vocab_limit"), donate_argnums=(2, 3)
 )
 def prefill_step(
     graphdef: nnx.GraphDef,
     state: nnx.State,
     cache: KVCache,  # [slots, K, S, H] per layer
     presence: jax.Array,  # [slots, V] bool
-    slot: jax.Array,  # [] int32
-    tokens: jax.Array,  # [1, T] int32 (chunk padded to a bucket)
-    start: jax.Array,  # [] int32: position of tokens[0, 0]
-    n_valid: jax.Array,  # [] int32: real tokens in the chunk
-    presence_row: jax.Array,  # [V] bool: tokens of the whole prompt
-    row_params: RowParams,  # [1] each
-    base_key: jax.Array,  # [1, 2] uint32
-    counter: jax.Array,  # [1] int32
+    slots: jax.Array,  # [P] int32: the cache row of each prefill row
+    tokens: jax.Array,  # [P, T] int32: chunks padded to a bucket
+    starts: jax.Array,  # [P] int32: position of tokens[:, 0]
+    n_valid: jax.Array,  # [P] int32: real tokens per row (0 = row unused)
+    reset: jax.Array,  # [P] bool: the chunk starts a new sequence (forget the row's presence)
+    final: jax.Array,  # [P] bool: the chunk ends the prompt (its sampled token is kept)
+    row_params: RowParams,  # [P] each
+    base_keys: jax.Array,  # [P, 2] uint32
+    counters: jax.Array,  # [P] int32
     *,
-    sort: bool,
+    window: int,
     vocab_limit: int,
 ):
+    """Prefill P rows and sample each one's next token.
+
+    With P equal to the number of slots the rows are the cache itself (row i is slot i, unused rows
+    start at max_len so their writes are dropped); otherwise the P rows are gathered and scattered
+    back. Sampling always takes the sorting path here: a prefill is rare next to decode steps.
+    """
     model = nnx.merge(graphdef, state)
-    take = functools.partial(jax.lax.dynamic_slice_in_dim, start_index=slot, slice_size=1, axis=0)
-    row = KVCache(k=tuple(take(c) for c in cache.k), v=tuple(take(c) for c in cache.v))
-    width = tokens.shape[1]
-    positions = start + jnp.arange(width)[None]
-    valid = jnp.arange(width)[None] < n_valid
-    logits, row = model(tokens, positions, valid=valid, cache=row)
-    put = functools.partial(jax.lax.dynamic_update_slice_in_dim, start_index=slot, axis=0)
-    cache = KVCache(
-        k=tuple(put(c, r) for c, r in zip(cache.k, row.k, strict=True)),
-        v=tuple(put(c, r) for c, r in zip(cache.v, row.v, strict=True)),
-    )
-    last = jax.lax.dynamic_index_in_dim(logits[0], n_valid - 1, axis=0, keepdims=True)
-    last = _mask_vocab(last, vocab_limit)
-    tok, logp, raw = sample(
-        last, row_params, _keys(base_key, counter), presence_row[None], sort=sort
-    )
-    presence = presence.at[slot].set(presence_row.at[tok[0]].set(True))
-    return tok[0], logp[0], raw[0], cache, presence
+    p, width = tokens.shape
+    wide = p == cache.batch
+    if wide:
+        rows = cache
+    else:
+        rows = KVCache(k=tuple(c[slots] for c in cache.k), v=tuple(c[slots] for c in cache.v))
+    positions = starts[:, None] + jnp.arange(width)[None]
+    valid = jnp.arange(width)[None] < n_valid[:, None]
+    logits, rows = model(tokens, positions, valid=valid, cache=rows, window=window)
+    if wide:
+        cache = rows
+    else:
+        cache = KVCache(
+            k=tuple(c.at[slots].set(r) for c, r in zip(cache.k, rows.k, strict=True)),
+            v=tuple(c.at[slots].set(r) for c, r in zip(cache.v, rows.v, strict=True)),
+        )
+    index = jnp.arange(p)
+    last = _mask_vocab(logits[index, jnp.maximum(n_valid - 1, 0)], vocab_limit)
+    seen = jnp.where(reset[:, None], False, presence[slots])
+    seen = seen.at[index[:, None], tokens].max(valid)
+    tok, logp, raw = sample(last, row_params, _keys(base_keys, counters), seen, sort=True)
+    seen = seen.at[index, tok].max(final)
+    used = n_valid > 0
+    presence = presence.at[slots].set(jnp.where(used[:, None], seen, presence[slots]))
+    return tok, logp, raw, cache, presence
 
 
 @functools.partial(

@@ -49,7 +49,7 @@ def filter_logits(logits: jax.Array, params: RowParams, *, sort: bool) -> jax.Ar
         probs = jax.nn.softmax(jnp.where(sorted_logits < kth, NEG_INF, sorted_logits), axis=-1)
         # Keep the smallest prefix whose mass reaches top_p (the token crossing it is kept).
         before = jnp.cumsum(probs, axis=-1) - probs
-        keep_sorted = before < params.top_p[:, None]
+        keep_sorted = (before < params.top_p[:, None]) | (params.top_p[:, None] >= 1)
         cutoff = jnp.min(jnp.where(keep_sorted, sorted_logits, jnp.inf), axis=-1, keepdims=True)
         logits = jnp.where(logits < cutoff, NEG_INF, logits)
     probs = jax.nn.softmax(logits, axis=-1)
