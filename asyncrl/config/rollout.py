@@ -15,6 +15,7 @@ InFlightPolicy = Literal["continue", "recompute"]
 AgentKind = Literal["model", "tool"]
 MalformedToolCall = Literal["observation", "terminate"]
 TaskFamily = Literal["calculator", "lookup"]
+FailurePolicy = Literal["drop", "zero", "retry"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -49,9 +50,23 @@ class RolloutConfig:
     in_flight_policy: InFlightPolicy = "continue"
     # Seconds one engine request may take before it fails with a timeout.
     request_timeout_s: float = 120.0
+    # A group member that failed (timeout, tool_error, env_error, cancelled): drop its group, keep
+    # it scored 0, or re-run it up to `max_retries` times (then drop the group).
+    failure_policy: FailurePolicy = "zero"
+    max_retries: int = 2
+    # Complete groups waiting for the learner before the orchestrator stops starting new ones.
+    max_ready_groups: int = 16
 
     def __post_init__(self) -> None:
-        for name in ("group_size", "max_concurrency", "engine_slots", "engine_queue", "max_tokens"):
+        require(self.max_retries >= 0, "max_retries", self.max_retries, "an integer >= 0")
+        for name in (
+            "group_size",
+            "max_concurrency",
+            "engine_slots",
+            "engine_queue",
+            "max_tokens",
+            "max_ready_groups",
+        ):
             value = getattr(self, name)
             require(value > 0, name, value, "a positive integer")
         require(self.temperature >= 0, "temperature", self.temperature, "a number >= 0")

@@ -100,11 +100,14 @@ class ChatFormat:
 
 @dataclass(slots=True)
 class Conversation:
-    """An append-only token sequence with its loss mask."""
+    """An append-only token sequence with its loss mask, and for sampled tokens the log-prob and
+    policy version the engine reported (0.0 and -1 for every other token)."""
 
     fmt: ChatFormat
     tokens: list[int] = field(default_factory=list)
     mask: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
 
     @classmethod
     def of(cls, fmt: ChatFormat, messages: Iterable[Message] = ()) -> Conversation:
@@ -114,9 +117,18 @@ class Conversation:
             conv.add(m)
         return conv
 
-    def append_tokens(self, tokens: Sequence[int], *, produced: bool) -> None:
+    def append_tokens(
+        self,
+        tokens: Sequence[int],
+        *,
+        produced: bool,
+        logprobs: Sequence[float] | None = None,
+        versions: Sequence[int] | None = None,
+    ) -> None:
         self.tokens.extend(tokens)
         self.mask.extend([int(produced)] * len(tokens))
+        self.logprobs.extend(logprobs if logprobs is not None else [0.0] * len(tokens))
+        self.versions.extend(versions if versions is not None else [-1] * len(tokens))
 
     def add(self, message: Message) -> None:
         """Append a whole rendered message (an assistant message counts as model-produced)."""
@@ -127,13 +139,18 @@ class Conversation:
         """Append the assistant header: what the model is prompted with before it samples."""
         self.append_tokens(self.fmt.header(Role.ASSISTANT), produced=False)
 
-    def add_sampled(self, tokens: Sequence[int]) -> None:
+    def add_sampled(
+        self,
+        tokens: Sequence[int],
+        logprobs: Sequence[float] | None = None,
+        versions: Sequence[int] | None = None,
+    ) -> None:
         """Append the model's sampled tokens verbatim and close the turn.
 
         If sampling stopped without an end-of-turn token (length limit), the format's end token is
         appended as a non-produced token so the next turn starts from a well-formed sequence.
         """
-        self.append_tokens(tokens, produced=True)
+        self.append_tokens(tokens, produced=True, logprobs=logprobs, versions=versions)
         if not tokens or tokens[-1] not in self.fmt.stop_tokens:
             self.append_tokens((self.fmt.end_of_turn,), produced=False)
         self.append_tokens(self.fmt.after_turn(), produced=False)

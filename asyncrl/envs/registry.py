@@ -1,0 +1,66 @@
+"""Environments by name, so a task (a data set row) says which environment runs it.
+
+`build_environment(task, cfg)` looks up `task.environment`; projects register their own with
+`register("name", factory)`. Built-ins: "tool" (calculator + lookup over the task's table),
+"python" (calculator + the sandboxed python tool) and "task" (single turn, no tools).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Mapping
+
+from asyncrl.config.rollout import EnvConfig
+from asyncrl.envs.base import Environment, Task
+from asyncrl.envs.tool_env import TaskEnvironment, ToolEnvironment
+from asyncrl.tools.calculator import calculator
+from asyncrl.tools.executor import ToolExecutor
+from asyncrl.tools.function import FunctionTool
+from asyncrl.tools.lookup import LookupTool
+from asyncrl.tools.python_sandbox import PythonSandbox
+
+# (task, env config, shared per-tool semaphores) -> a fresh environment for one episode
+EnvFactory = Callable[[Task, EnvConfig, Mapping[str, asyncio.Semaphore]], Environment]
+_REGISTRY: dict[str, EnvFactory] = {}
+
+
+def register(name: str, factory: EnvFactory) -> None:
+    _REGISTRY[name] = factory
+
+
+def build_environment(
+    task: Task, cfg: EnvConfig, limits: Mapping[str, asyncio.Semaphore] | None = None
+) -> Environment:
+    try:
+        factory = _REGISTRY[task.environment]
+    except KeyError:
+        known = ", ".join(sorted(_REGISTRY))
+        raise ValueError(
+            f"task {task.id} names environment {task.environment!r}; registered: {known}"
+        ) from None
+    return factory(task, cfg, limits or {})
+
+
+def _tool_env(task: Task, cfg: EnvConfig, limits) -> Environment:
+    def executor(t: Task) -> ToolExecutor:
+        tools = (FunctionTool(calculator), LookupTool(dict(t.table)))
+        return ToolExecutor(
+            tools, timeout_s=cfg.tool_timeout_s, output_chars=cfg.tool_output_chars, limits=limits
+        )
+
+    return ToolEnvironment(executor, malformed=cfg.malformed_tool_call)
+
+
+def _python_env(task: Task, cfg: EnvConfig, limits) -> Environment:
+    def executor(t: Task) -> ToolExecutor:
+        tools = (FunctionTool(calculator), PythonSandbox())
+        return ToolExecutor(
+            tools, timeout_s=cfg.tool_timeout_s, output_chars=cfg.tool_output_chars, limits=limits
+        )
+
+    return ToolEnvironment(executor, malformed=cfg.malformed_tool_call)
+
+
+register("tool", _tool_env)
+register("python", _python_env)
+register("task", lambda task, cfg, limits: TaskEnvironment())

@@ -1,0 +1,153 @@
+"""One episode against the engine: from the environment's opening messages to a `Trajectory`.
+
+Every ending has a status: a final answer (completed, with the environment's reward), the step or
+token budget (truncated_steps / truncated_tokens), the episode deadline (timeout), a failing tool
+(tool_error), a raising environment (env_error), a malformed action under "terminate"
+(invalid_action), cancellation (cancelled). The environment is closed exactly once in every case.
+The partial state stays readable, so a caller that cancels an episode can still record it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from dataclasses import dataclass, replace
+
+from asyncrl.agents import Agent
+from asyncrl.envs.base import Environment, Task
+from asyncrl.sampling.protocol import EngineClosed, RolloutEngine
+from asyncrl.types import (
+    FinishReason,
+    GenerateRequest,
+    SamplingParams,
+    Trajectory,
+    TrajectoryStatus,
+)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EpisodeLimits:
+    max_steps: int = 4  # model turns
+    max_response_tokens: int = 256  # sampled tokens over all turns
+    max_context: int = 1024  # whole sequence
+    timeout_s: float = 60.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EpisodeSpec:
+    episode_id: str
+    group_id: str
+    task: Task
+    sampling: SamplingParams  # per turn; max_tokens is capped by the remaining budgets
+    attempt: int = 0
+
+
+class Episode:
+    def __init__(
+        self,
+        spec: EpisodeSpec,
+        engine: RolloutEngine,
+        agent: Agent,
+        env: Environment,
+        limits: EpisodeLimits,
+    ) -> None:
+        self.spec, self.engine, self.agent, self.env, self.limits = spec, engine, agent, env, limits
+        self.reward = 0.0
+        self.reward_parts: tuple[tuple[str, float], ...] = ()
+        self.turns = 0
+        self.prompt_length = 0
+        self.times = {"model_s": 0.0, "env_s": 0.0}
+        self._start = time.monotonic()
+        self._closed = False
+
+    async def run(self) -> Trajectory:
+        """Run to the end; raises only CancelledError (after closing the environment)."""
+        try:
+            async with asyncio.timeout(self.limits.timeout_s):
+                status = await self._loop()
+        except TimeoutError:
+            status = TrajectoryStatus.TIMEOUT
+        except asyncio.CancelledError:
+            await self.close()
+            raise
+        except EngineClosed:  # the run is shutting down under this episode
+            status = TrajectoryStatus.CANCELLED
+        except Exception:  # the environment or its reset raised: this episode's failure only
+            status = TrajectoryStatus.ENV_ERROR
+        await self.close()
+        return self.trajectory(status)
+
+    async def _loop(self) -> TrajectoryStatus:
+        t0 = time.monotonic()
+        messages = await self.env.reset(self.spec.task)
+        self.times["env_s"] += time.monotonic() - t0
+        self.agent.start(messages)
+        self.prompt_length = len(self.agent.conversation.tokens)
+        for _ in range(self.limits.max_steps):
+            prompt = self.agent.prompt()
+            used = sum(self.agent.conversation.mask)
+            room = min(
+                self.limits.max_context - len(prompt),
+                self.limits.max_response_tokens - used,
+                self.spec.sampling.max_tokens,
+            )
+            if room <= 0:
+                return TrajectoryStatus.TRUNCATED_TOKENS
+            request = GenerateRequest(
+                prompt=prompt,
+                params=replace(
+                    self.spec.sampling,
+                    max_tokens=room,
+                    seed=_turn_seed(self.spec.sampling.seed, self.turns),
+                ),
+                session=self.spec.episode_id,
+            )
+            t0 = time.monotonic()
+            completion = await self.engine.generate(request)
+            self.times["model_s"] += time.monotonic() - t0
+            self.turns += 1
+            action = self.agent.record(completion)
+            if completion.finish_reason == FinishReason.TIMEOUT:
+                return TrajectoryStatus.TIMEOUT
+            if completion.finish_reason in (FinishReason.LENGTH, FinishReason.CONTEXT):
+                return TrajectoryStatus.TRUNCATED_TOKENS
+            t0 = time.monotonic()
+            result = await self.env.step(action)
+            self.times["env_s"] += time.monotonic() - t0
+            if result.done:
+                self.reward, self.reward_parts = result.reward, result.reward_parts
+                return result.status
+            self.agent.observe(result.messages)
+        return TrajectoryStatus.TRUNCATED_STEPS
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        # A failing close must not hide the episode's own outcome.
+        with contextlib.suppress(Exception):
+            await self.env.close()
+
+    def trajectory(self, status: TrajectoryStatus) -> Trajectory:
+        conv = self.agent.conversation
+        return Trajectory(
+            id=self.spec.episode_id,
+            group_id=self.spec.group_id,
+            task_id=self.spec.task.id,
+            tokens=tuple(conv.tokens),
+            loss_mask=tuple(conv.mask),
+            logprobs=tuple(conv.logprobs),
+            versions=tuple(conv.versions),
+            reward=self.reward if status == TrajectoryStatus.COMPLETED else 0.0,
+            reward_parts=self.reward_parts,
+            status=status,
+            turns=self.turns,
+            prompt_length=self.prompt_length,
+            timings=(*self.times.items(), ("total_s", time.monotonic() - self._start)),
+        )
+
+
+def _turn_seed(seed: int | None, turn: int) -> int | None:
+    """Each turn draws its own stream, derived from the episode's seed."""
+    return None if seed is None else (seed * 1_000_003 + turn) & ((1 << 63) - 1)

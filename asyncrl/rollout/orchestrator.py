@@ -1,0 +1,147 @@
+"""The orchestrator: keeps up to `max_concurrency` episodes running, G per task under one group id.
+
+It starts a new group only when (1) the admission hook allows it (the learner's staleness bound:
+no generation that could not be trained in time) and (2) enough episode slots are free for its
+members. Finished members go to the `GroupQueue`; failed ones are re-run there when the failure
+policy says "retry". One slow episode holds only its own slot. `stop()` starts no new groups and
+lets running ones finish; `cancel()` cancels running episodes, which are recorded as cancelled.
+The orchestrator knows nothing of the learner beyond the admission hook.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import hashlib
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, replace
+from typing import Protocol
+
+from asyncrl.agents import Agent
+from asyncrl.envs.base import Environment, Task
+from asyncrl.rollout.episode import Episode, EpisodeLimits, EpisodeSpec
+from asyncrl.rollout.groups import GroupQueue
+from asyncrl.sampling.protocol import RolloutEngine
+from asyncrl.types import SamplingParams, Trajectory, TrajectoryStatus
+
+
+class Admission(Protocol):
+    async def wait(self) -> None:
+        """Return when a new group may start."""
+        ...
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OrchestratorSettings:
+    group_size: int
+    max_concurrency: int
+    limits: EpisodeLimits
+    sampling: SamplingParams
+    seed: int = 0
+
+
+def member_seed(seed: int, group_id: str, member: int, attempt: int) -> int:
+    """A distinct sampling seed per (run, group, member, attempt): group members never share one."""
+    digest = hashlib.sha256(f"{seed}/{group_id}/{member}/{attempt}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") >> 1
+
+
+class Orchestrator:
+    def __init__(
+        self,
+        engine: RolloutEngine,
+        queue: GroupQueue,
+        settings: OrchestratorSettings,
+        *,
+        make_env: Callable[[Task], Environment],
+        make_agent: Callable[[], Agent],
+        admission: Admission | None = None,
+    ) -> None:
+        self.engine, self.queue, self.settings = engine, queue, settings
+        self.make_env, self.make_agent, self.admission = make_env, make_agent, admission
+        self._free = asyncio.Semaphore(settings.max_concurrency)
+        self._running: set[asyncio.Task] = set()
+        self._stopping = False
+        self.groups_started = 0
+        self.retries = 0
+        self.status_counts: collections.Counter[TrajectoryStatus] = collections.Counter()
+        self.finished: list[Trajectory] = []  # every terminal member, kept or not (for metrics)
+
+    @property
+    def active(self) -> int:
+        return len(self._running)
+
+    async def run(self, tasks: Iterable[Task]) -> None:
+        """Start groups for `tasks` until they run out or `stop()`; wait for running episodes."""
+        try:
+            for task in tasks:
+                if self._stopping:
+                    break
+                if self.admission is not None:
+                    await self.admission.wait()
+                if self._stopping:
+                    break
+                await self._start_group(task)
+            await self.drain()
+        except asyncio.CancelledError:
+            await self.cancel()
+            raise
+
+    async def _start_group(self, task: Task) -> None:
+        group_id = f"{task.id}@{self.groups_started}"
+        self.groups_started += 1
+        self.queue.open(group_id, task.id)
+        for member in range(self.settings.group_size):
+            await self._free.acquire()
+            job = asyncio.create_task(self._member(task, group_id, member), name=group_id)
+            self._running.add(job)
+            job.add_done_callback(self._running.discard)
+
+    async def _member(self, task: Task, group_id: str, member: int) -> None:
+        try:
+            attempt = 0
+            while True:
+                trajectory = await self._episode(task, group_id, member, attempt)
+                self.status_counts[trajectory.status] += 1
+                self.finished.append(trajectory)
+                if not self.queue.should_retry(trajectory, attempt):
+                    await self.queue.put(trajectory)
+                    return
+                attempt += 1
+                self.retries += 1
+        finally:
+            self._free.release()
+
+    async def _episode(self, task: Task, group_id: str, member: int, attempt: int) -> Trajectory:
+        s = self.settings
+        seed = member_seed(s.seed, group_id, member, attempt)
+        spec = EpisodeSpec(
+            episode_id=f"{group_id}/{member}" + (f"~{attempt}" if attempt else ""),
+            group_id=group_id,
+            task=task,
+            sampling=replace(s.sampling, seed=seed),
+            attempt=attempt,
+        )
+        episode = Episode(spec, self.engine, self.make_agent(), self.make_env(task), s.limits)
+        try:
+            return await episode.run()
+        except asyncio.CancelledError:
+            record = episode.trajectory(TrajectoryStatus.CANCELLED)
+            self.status_counts[record.status] += 1
+            self.finished.append(record)
+            raise
+
+    def stop(self) -> None:
+        """Start no new groups; running episodes finish normally."""
+        self._stopping = True
+
+    async def drain(self) -> None:
+        while self._running:
+            await asyncio.gather(*list(self._running), return_exceptions=True)
+
+    async def cancel(self) -> None:
+        """Stop, cancel every running episode (each closes its environment), and wait for them."""
+        self._stopping = True
+        for job in list(self._running):
+            job.cancel()
+        await self.drain()

@@ -1,0 +1,192 @@
+"""Tools: schemas from signatures, validated calls, parallel turns, deadlines, output caps."""
+
+import asyncio
+import json
+from typing import Literal
+
+import pytest
+
+from asyncrl.tools.base import ToolStatus
+from asyncrl.tools.calculator import CalculatorError, evaluate
+from asyncrl.tools.executor import ToolExecutor
+from asyncrl.tools.function import FunctionTool, tool
+from asyncrl.tools.lookup import LookupTool
+from asyncrl.types import ToolCall
+
+
+def call(name, **args):
+    return ToolCall(name=name, arguments_json=json.dumps(args))
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def search(query: str, limit: int = 3, mode: Literal["fast", "exact"] = "fast") -> list[str]:
+    """Search the index.
+
+    Args:
+        query: what to look for.
+        limit: how many hits to return.
+        mode: speed or precision.
+    """
+    return [f"{query}-{i}" for i in range(limit)]
+
+
+def test_schema_is_derived_from_hints_and_docstring():
+    t = FunctionTool(search)
+    assert t.description == "Search the index."
+    props = t.schema["properties"]
+    assert props["query"] == {"type": "string", "description": "what to look for."}
+    assert props["limit"]["type"] == "integer" and props["limit"]["default"] == 3
+    assert props["mode"]["enum"] == ["fast", "exact"]
+    assert t.schema["required"] == ["query"]
+    assert t.schema["additionalProperties"] is False
+
+
+def test_untyped_argument_is_refused():
+    def bad(x):
+        return x
+
+    with pytest.raises(TypeError, match="needs a type hint"):
+        FunctionTool(bad)
+
+
+@pytest.fixture
+def executor():
+    @tool
+    async def sleepy(seconds: float) -> str:
+        """Sleep."""
+        await asyncio.sleep(seconds)
+        return "woke"
+
+    @tool
+    def crash(message: str) -> str:
+        """Raise."""
+        raise RuntimeError(message)
+
+    @tool
+    def shout(n: int) -> str:
+        """Print a lot."""
+        return "x" * n
+
+    tools = [FunctionTool(search), sleepy, crash, shout, LookupTool({"Apple": "12"})]
+    return ToolExecutor(tools, timeout_s=0.5, output_chars=100)
+
+
+@pytest.mark.parametrize(
+    ("the_call", "status", "fragment"),
+    [
+        (call("search", query="cats", limit=2), ToolStatus.OK, '["cats-0", "cats-1"]'),
+        (call("lookup", key=" apple "), ToolStatus.OK, "12"),
+        (call("lookup", key="pear"), ToolStatus.ERROR, "no value stored under 'pear'"),
+        (call("nope"), ToolStatus.UNKNOWN_TOOL, "available: crash, lookup, search"),
+        (call("search", limit=2), ToolStatus.INVALID_ARGUMENTS, "'query' is a required property"),
+        (call("search", query="a", limit="2"), ToolStatus.INVALID_ARGUMENTS, "limit: '2' is not"),
+        (
+            call("search", query="a", extra=1),
+            ToolStatus.INVALID_ARGUMENTS,
+            "'extra' was unexpected",
+        ),
+        (call("search", query="a", mode="slow"), ToolStatus.INVALID_ARGUMENTS, "is not one of"),
+        (ToolCall(name="search", arguments_json="{oops"), ToolStatus.INVALID_ARGUMENTS, "not JSON"),
+        (call("crash", message="boom"), ToolStatus.ERROR, "RuntimeError: boom"),
+        (call("sleepy", seconds=30), ToolStatus.TIMEOUT, "no result within 0.5 s"),
+        (call("shout", n=1000), ToolStatus.OUTPUT_TRUNCATED, "…[truncated]"),
+    ],
+)
+def test_every_outcome_is_a_status_never_an_exception(executor, the_call, status, fragment):
+    result = run(executor.call(the_call))
+    assert result.status == status
+    assert fragment in result.observation()
+
+
+def test_calls_of_one_turn_run_concurrently():
+    """Each call waits until all three have started: run one after another, they would time out."""
+    started = []
+
+    @tool
+    async def rendezvous(i: int) -> str:
+        """Meet."""
+        started.append(i)
+        while len(started) < 3:
+            await asyncio.sleep(0.001)
+        return str(i)
+
+    ex = ToolExecutor([rendezvous], timeout_s=5, output_chars=100)
+    results = run(ex.call_all([call("rendezvous", i=i) for i in range(3)]))
+    assert [r.output for r in results] == ["0", "1", "2"]
+
+
+def test_timeout_really_cancels_the_tool():
+    cancelled = []
+
+    @tool
+    async def hang() -> str:
+        """Hang."""
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            cancelled.append(True)
+            raise
+        return ""
+
+    ex = ToolExecutor([hang], timeout_s=0.05, output_chars=100)
+    assert run(ex.call(call("hang"))).status == ToolStatus.TIMEOUT
+    assert cancelled == [True]
+
+
+def test_shared_limit_bounds_concurrent_calls():
+    running, peak = [0], [0]
+
+    @tool
+    async def busy() -> str:
+        """Work."""
+        running[0] += 1
+        peak[0] = max(peak[0], running[0])
+        await asyncio.sleep(0.01)
+        running[0] -= 1
+        return "ok"
+
+    async def go():
+        limit = {"busy": asyncio.Semaphore(2)}
+        executors = [
+            ToolExecutor([busy], timeout_s=5, output_chars=9, limits=limit) for _ in range(3)
+        ]
+        await asyncio.gather(*[e.call_all([call("busy")] * 3) for e in executors])
+
+    run(go())
+    assert peak[0] == 2
+
+
+@pytest.mark.parametrize(
+    ("expression", "value"),
+    [
+        ("17 * 23", "391"),
+        ("(2 + 3) ** 3", "125"),
+        ("7 / 2", "3.5"),
+        ("-4 // 3", "-2"),
+        ("1.5 * 4", "6"),
+        ("10 % 4", "2"),
+    ],
+)
+def test_calculator_is_exact(expression, value):
+    assert evaluate(expression) == value
+
+
+@pytest.mark.parametrize(
+    "expression",
+    [
+        "__import__('os').system('true')",
+        "open('/etc/passwd')",
+        "2 ** 100000",
+        "x + 1",
+        "(1).__class__",
+        "1 / 0",
+        "9" * 300,
+        "[1, 2]",
+    ],
+)
+def test_calculator_refuses_anything_but_bounded_arithmetic(expression):
+    with pytest.raises(CalculatorError):
+        evaluate(expression)
