@@ -58,5 +58,5 @@ class Environment(Protocol):
     async def step(self, action: Action) -> StepResult: ...
 
     async def close(self) -> None:
-        """Release what the episode held; called exactly once, also after errors and cancellation."""
+        """Release what the episode held; called once, also after errors and cancellation."""
         ...

@@ -28,7 +28,7 @@ def exact_match(task: Task, answer: str) -> float:
     return 1.0 if normalize(answer) == normalize(task.answer) else 0.0
 
 
-def format_ok(task: Task, answer: str) -> float:  # noqa: ARG001 - a RewardFn takes the task
+def format_ok(task: Task, answer: str) -> float:
     """1 when the answer is a bare number (the built-in tasks' answer format)."""
     return 1.0 if _NUMBER.match(answer.strip().replace(",", "")) else 0.0
 

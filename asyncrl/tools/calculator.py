@@ -40,9 +40,8 @@ def _eval(node: ast.AST) -> Fraction:
         return -value if isinstance(node.op, ast.USub) else value
     if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
         left, right = _eval(node.left), _eval(node.right)
-        if isinstance(node.op, ast.Pow):
-            if right.denominator != 1 or abs(right) > MAX_EXPONENT:
-                raise CalculatorError(f"exponents must be integers of at most {MAX_EXPONENT}")
+        if isinstance(node.op, ast.Pow) and (right.denominator != 1 or abs(right) > MAX_EXPONENT):
+            raise CalculatorError(f"exponents must be integers of at most {MAX_EXPONENT}")
         if isinstance(node.op, ast.Div | ast.FloorDiv | ast.Mod) and right == 0:
             raise CalculatorError("division by zero")
         result = _BINARY[type(node.op)](left, right)

@@ -6,12 +6,13 @@ Keys are matched case-insensitively after trimming; a missing key is an error th
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import ClassVar
 
 
 class LookupTool:
     name = "lookup"
     description = "Look up the value stored under a key."
-    schema: dict[str, object] = {
+    schema: ClassVar[dict[str, object]] = {
         "type": "object",
         "properties": {"key": {"type": "string", "description": "the key to look up"}},
         "required": ["key"],

@@ -24,7 +24,7 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
 LAUNCHER = Path(__file__).with_name("sandbox_launcher.py")
 REFUSED = 126
@@ -72,7 +72,7 @@ def default_interpreter() -> str:
 class PythonSandbox:
     name = "python"
     description = "Run a Python 3 program and return what it prints (stdout and stderr)."
-    schema: dict[str, object] = {
+    schema: ClassVar[dict[str, object]] = {
         "type": "object",
         "properties": {"code": {"type": "string", "description": "a complete Python program"}},
         "required": ["code"],
