@@ -1,6 +1,7 @@
 """The `lookup` tool: a read-only key-value store, one per episode (a stateful tool).
 
-Keys are matched case-insensitively after trimming; a missing key is an error the model sees.
+Keys are matched case-insensitively after trimming. A missing key is an ordinary answer ("no
+value stored under ...") for the model to read, not a failure of the tool.
 """
 
 from __future__ import annotations
@@ -26,6 +27,4 @@ class LookupTool:
     async def __call__(self, key: str) -> str:
         self.calls += 1
         value = self._table.get(key.strip().lower())
-        if value is None:
-            raise KeyError(f"no value stored under {key!r}")
-        return value
+        return value if value is not None else f"no value stored under {key!r}"
