@@ -1,0 +1,219 @@
+"""Complete groups per minute under tool latency: one at a time, synchronous batch, orchestrator.
+
+Each episode is three model turns (two tool calls, then the answer); the tool's latency is
+lognormal (p50 50 ms, p99 1 s), and in the second workload also has 1% stragglers of 5 s. The
+"model" is a batched engine stand-in: `--slots` requests decode at once, each taking `--model-ms`.
+Three ways of running the same workload, in one process:
+  sequential  one episode at a time;
+  sync batch  `--concurrency` episodes in lockstep: every turn waits for the slowest tool call;
+  orchestrator up to `--concurrency` episodes, each group released as soon as its 8 members end.
+Rates are measured in steady state (groups completed in a window after a warm-up). The bound is
+min(engine capacity, concurrency / mean episode time). Targets (issue 4): orchestrator ≥ 3× the
+synchronous batch and ≥ 85% of the bound.
+
+    .venv/bin/python benchmarks/straggler.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import time
+from dataclasses import dataclass
+
+from asyncrl.agents import ToolAgent
+from asyncrl.envs.latency import DelayedTool, LatencySpec
+from asyncrl.envs.tasks import task_stream
+from asyncrl.envs.tool_env import ToolEnvironment
+from asyncrl.rollout.episode import Episode, EpisodeLimits, EpisodeSpec
+from asyncrl.rollout.groups import GroupQueue
+from asyncrl.rollout.orchestrator import Orchestrator, OrchestratorSettings, member_seed
+from asyncrl.tokenize import ByteTokenizer, ChatFormat
+from asyncrl.tools.calculator import calculator
+from asyncrl.tools.executor import ToolExecutor
+from asyncrl.tools.function import FunctionTool
+from asyncrl.types import Completion, FinishReason, GenerateRequest, SamplingParams, ToolCall
+
+G = 8
+TOK = ByteTokenizer()
+FMT = ChatFormat("chatml", TOK)
+CALL = (*FMT.tool_call_tokens(ToolCall(name="calculator", arguments_json='{"expression": "2+2"}')),
+        FMT.end_of_turn)  # fmt: skip
+ANSWER = (*TOK.encode("4"), FMT.end_of_turn)
+TOOL_TURNS = 2
+
+
+class SlotEngine:
+    """A batched engine stand-in: `slots` requests at once, each `model_s` long."""
+
+    def __init__(self, slots: int, model_s: float) -> None:
+        self._slots = asyncio.Semaphore(slots)
+        self.model_s = model_s
+        self.version = 0
+        self._turns: dict[str, int] = {}
+
+    def publish(self, params: object, version: int) -> None:
+        self.version = version
+
+    async def generate(self, request: GenerateRequest) -> Completion:
+        async with self._slots:
+            await asyncio.sleep(self.model_s)
+        turn = self._turns.get(request.session, 0)
+        self._turns[request.session] = turn + 1
+        tokens = CALL if turn < TOOL_TURNS else ANSWER
+        n = len(tokens)
+        return Completion(tokens=tokens, logprobs=(0.0,) * n, raw_logprobs=(0.0,) * n,
+                          versions=(0,) * n, finish_reason=FinishReason.STOP)
+
+
+class Lockstep:
+    """A barrier whose party count shrinks as episodes finish (a synchronous batch's turns)."""
+
+    def __init__(self, parties: int) -> None:
+        self.parties, self.arrived = parties, 0
+        self.release = asyncio.Event()
+
+    async def wait(self) -> None:
+        self.arrived += 1
+        event = self.release
+        self._maybe_release()
+        await event.wait()
+
+    def leave(self) -> None:
+        self.parties -= 1
+        self._maybe_release()
+
+    def _maybe_release(self) -> None:
+        if self.parties and self.arrived >= self.parties:
+            self.arrived = 0
+            self.release.set()
+            self.release = asyncio.Event()
+
+
+class LockstepEnv(ToolEnvironment):
+    def __init__(self, make_executor, lockstep: Lockstep) -> None:
+        super().__init__(make_executor)
+        self.lockstep = lockstep
+
+    async def step(self, action):
+        result = await super().step(action)
+        if not result.done:
+            await self.lockstep.wait()
+        return result
+
+    async def close(self) -> None:
+        self.lockstep.leave()
+
+
+@dataclass
+class Workload:
+    spec: LatencySpec
+    rng: random.Random
+
+    def executor(self, task) -> ToolExecutor:
+        tool = DelayedTool(FunctionTool(calculator), self.spec, self.rng)
+        return ToolExecutor([tool], timeout_s=60, output_chars=100)
+
+
+SAMPLING = SamplingParams(max_tokens=128, stop_tokens=(FMT.end_of_turn,))
+LIMITS = EpisodeLimits(max_steps=4, max_response_tokens=512, max_context=1024, timeout_s=120)
+
+
+def _spec(task, group_id: str, member: int) -> EpisodeSpec:
+    from dataclasses import replace
+
+    return EpisodeSpec(episode_id=f"{group_id}/{member}", group_id=group_id, task=task,
+                       sampling=replace(SAMPLING, seed=member_seed(0, group_id, member, 0)))
+
+
+async def sequential(engine, work: Workload, seconds: float) -> float:
+    done, start, tasks = 0, time.monotonic(), task_stream(("calculator",), "train", 10**6)
+    while time.monotonic() - start < seconds:
+        task = next(tasks)
+        for m in range(G):
+            env = ToolEnvironment(work.executor)
+            await Episode(_spec(task, task.id, m), engine, ToolAgent(FMT), env, LIMITS).run()
+        done += 1
+    return done / (time.monotonic() - start) * 60
+
+
+async def sync_batch(engine, work: Workload, seconds: float, concurrency: int) -> float:
+    done, start, tasks = 0, time.monotonic(), task_stream(("calculator",), "train", 10**6)
+    while time.monotonic() - start < seconds:
+        batch = [next(tasks) for _ in range(concurrency // G)]
+        lock = Lockstep(concurrency)
+        runs = [Episode(_spec(t, t.id, m), engine, ToolAgent(FMT),
+                        LockstepEnv(work.executor, lock), LIMITS).run()
+                for t in batch for m in range(G)]  # fmt: skip
+        await asyncio.gather(*runs)
+        done += len(batch)
+    return done / (time.monotonic() - start) * 60
+
+
+async def orchestrated(engine, work: Workload, seconds: float, concurrency: int, warmup: float):
+    queue = GroupQueue(group_size=G, max_ready=10**6)
+    settings = OrchestratorSettings(group_size=G, max_concurrency=concurrency, limits=LIMITS,
+                                    sampling=SAMPLING)
+    orch = Orchestrator(engine, queue, settings, make_env=lambda t: ToolEnvironment(work.executor),
+                        make_agent=lambda: ToolAgent(FMT))
+    runner = asyncio.create_task(orch.run(task_stream(("calculator",), "train", 10**6)))
+    await asyncio.sleep(warmup)
+    before, t0 = queue.stats().released, time.monotonic()
+    await asyncio.sleep(seconds)
+    rate = (queue.stats().released - before) / (time.monotonic() - t0) * 60
+    await orch.cancel()
+    runner.cancel()
+    await asyncio.gather(runner, return_exceptions=True)
+    return rate
+
+
+def bound(spec: LatencySpec, args) -> float:
+    model_s = args.model_ms / 1000
+    episode_s = (TOOL_TURNS + 1) * model_s + TOOL_TURNS * spec.mean_s()
+    by_concurrency = args.concurrency / episode_s / G * 60
+    by_engine = args.slots / model_s / (TOOL_TURNS + 1) / G * 60
+    return min(by_concurrency, by_engine)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawTextHelpFormatter)
+    parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--slots", type=int, default=64)
+    parser.add_argument("--model-ms", type=float, default=20.0)
+    parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    workloads = {
+        "lognormal": LatencySpec(kind="lognormal", p50_s=0.05, p99_s=1.0),
+        "5s stragglers": LatencySpec(kind="heavy_tail", p50_s=0.05, p99_s=1.0,
+                                     straggler_prob=0.01, straggler_s=5.0),
+    }
+    rows = []
+    print(f"{'workload':14} {'sequential':>10} {'sync batch':>10} {'orchestr.':>10} "
+          f"{'bound':>8} {'× sync':>7} {'% bound':>8}   (complete groups / min, G={G})")
+    for name, spec in workloads.items():
+        rates = {}
+        for mode in ("sequential", "sync", "orchestrator"):
+            engine = SlotEngine(args.slots, args.model_ms / 1000)
+            work = Workload(spec, random.Random(0))
+            if mode == "sequential":
+                coro = sequential(engine, work, args.seconds / 2)
+            elif mode == "sync":
+                coro = sync_batch(engine, work, args.seconds, args.concurrency)
+            else:
+                coro = orchestrated(engine, work, args.seconds, args.concurrency, warmup=3.0)
+            rates[mode] = asyncio.run(coro)
+        b = bound(spec, args)
+        rows.append({"workload": name, **rates, "bound": b})
+        print(f"{name:14} {rates['sequential']:>10.1f} {rates['sync']:>10.1f} "
+              f"{rates['orchestrator']:>10.1f} {b:>8.1f} {rates['orchestrator'] / rates['sync']:>7.1f} "
+              f"{100 * rates['orchestrator'] / b:>7.0f}%", flush=True)
+    if args.json:
+        print(json.dumps(rows))
+
+
+if __name__ == "__main__":
+    main()
