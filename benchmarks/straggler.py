@@ -64,8 +64,13 @@ class SlotEngine:
         self._turns[request.session] = turn + 1
         tokens = CALL if turn < TOOL_TURNS else ANSWER
         n = len(tokens)
-        return Completion(tokens=tokens, logprobs=(0.0,) * n, raw_logprobs=(0.0,) * n,
-                          versions=(0,) * n, finish_reason=FinishReason.STOP)
+        return Completion(
+            tokens=tokens,
+            logprobs=(0.0,) * n,
+            raw_logprobs=(0.0,) * n,
+            versions=(0,) * n,
+            finish_reason=FinishReason.STOP,
+        )
 
 
 class Lockstep:
@@ -124,8 +129,12 @@ LIMITS = EpisodeLimits(max_steps=4, max_response_tokens=512, max_context=1024, t
 def _spec(task, group_id: str, member: int) -> EpisodeSpec:
     from dataclasses import replace
 
-    return EpisodeSpec(episode_id=f"{group_id}/{member}", group_id=group_id, task=task,
-                       sampling=replace(SAMPLING, seed=member_seed(0, group_id, member, 0)))
+    return EpisodeSpec(
+        episode_id=f"{group_id}/{member}",
+        group_id=group_id,
+        task=task,
+        sampling=replace(SAMPLING, seed=member_seed(0, group_id, member, 0)),
+    )
 
 
 async def sequential(engine, work: Workload, seconds: float) -> float:
@@ -154,10 +163,16 @@ async def sync_batch(engine, work: Workload, seconds: float, concurrency: int) -
 
 async def orchestrated(engine, work: Workload, seconds: float, concurrency: int, warmup: float):
     queue = GroupQueue(group_size=G, max_ready=10**6)
-    settings = OrchestratorSettings(group_size=G, max_concurrency=concurrency, limits=LIMITS,
-                                    sampling=SAMPLING)
-    orch = Orchestrator(engine, queue, settings, make_env=lambda t: ToolEnvironment(work.executor),
-                        make_agent=lambda: ToolAgent(FMT))
+    settings = OrchestratorSettings(
+        group_size=G, max_concurrency=concurrency, limits=LIMITS, sampling=SAMPLING
+    )
+    orch = Orchestrator(
+        engine,
+        queue,
+        settings,
+        make_env=lambda t: ToolEnvironment(work.executor),
+        make_agent=lambda: ToolAgent(FMT),
+    )
     runner = asyncio.create_task(orch.run(task_stream(("calculator",), "train", 10**6)))
     await asyncio.sleep(warmup)
     before, t0 = queue.stats().released, time.monotonic()
@@ -178,8 +193,9 @@ def bound(spec: LatencySpec, args) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawTextHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--slots", type=int, default=64)
     parser.add_argument("--model-ms", type=float, default=20.0)
@@ -188,12 +204,15 @@ def main() -> None:
     args = parser.parse_args()
     workloads = {
         "lognormal": LatencySpec(kind="lognormal", p50_s=0.05, p99_s=1.0),
-        "5s stragglers": LatencySpec(kind="heavy_tail", p50_s=0.05, p99_s=1.0,
-                                     straggler_prob=0.01, straggler_s=5.0),
+        "5s stragglers": LatencySpec(
+            kind="heavy_tail", p50_s=0.05, p99_s=1.0, straggler_prob=0.01, straggler_s=5.0
+        ),
     }
     rows = []
-    print(f"{'workload':14} {'sequential':>10} {'sync batch':>10} {'orchestr.':>10} "
-          f"{'bound':>8} {'× sync':>7} {'% bound':>8}   (complete groups / min, G={G})")
+    print(
+        f"{'workload':14} {'sequential':>10} {'sync batch':>10} {'orchestr.':>10} "
+        f"{'bound':>8} {'× sync':>7} {'% bound':>8}   (complete groups / min, G={G})"
+    )
     for name, spec in workloads.items():
         rates = {}
         for mode in ("sequential", "sync", "orchestrator"):
@@ -208,9 +227,12 @@ def main() -> None:
             rates[mode] = asyncio.run(coro)
         b = bound(spec, args)
         rows.append({"workload": name, **rates, "bound": b})
-        print(f"{name:14} {rates['sequential']:>10.1f} {rates['sync']:>10.1f} "
-              f"{rates['orchestrator']:>10.1f} {b:>8.1f} {rates['orchestrator'] / rates['sync']:>7.1f} "
-              f"{100 * rates['orchestrator'] / b:>7.0f}%", flush=True)
+        print(
+            f"{name:14} {rates['sequential']:>10.1f} {rates['sync']:>10.1f} "
+            f"{rates['orchestrator']:>10.1f} {b:>8.1f} {rates['orchestrator'] / rates['sync']:>7.1f} "
+            f"{100 * rates['orchestrator'] / b:>7.0f}%",
+            flush=True,
+        )
     if args.json:
         print(json.dumps(rows))
 

@@ -1,0 +1,107 @@
+"""Trajectories into device batches: the one place a `TrainBatch` is built.
+
+Each trajectory becomes one row: inputs are its tokens but the last, targets its tokens but the
+first; a target counts in the loss when the model sampled it (loss mask 1) and its trajectory is
+not excluded (e.g. truncated, with `mask_truncated`). Rows are padded to a length bucket and packed
+into micro-batches of a fixed number of rows (a token budget), assigned so that every micro-batch
+carries about the same Σ L² (attention cost grows with the square of the length). Shapes depend
+only on the bucket, so a training run compiles a handful of step functions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import jax
+import numpy as np
+from flax import struct
+
+from asyncrl.types import Trajectory, TrajectoryStatus
+
+TRUNCATED = frozenset({TrajectoryStatus.TRUNCATED_TOKENS, TrajectoryStatus.TRUNCATED_STEPS})
+MIN_BUCKET = 64
+
+
+@struct.dataclass
+class TrainBatch:
+    """M micro-batches of R rows of T tokens (M, R, T static for a given bucket)."""
+
+    inputs: jax.Array  # [M, R, T] int32
+    targets: jax.Array  # [M, R, T] int32
+    positions: jax.Array  # [M, R, T] int32
+    valid: jax.Array  # [M, R, T] bool: real (non-padding) input tokens
+    mask: jax.Array  # [M, R, T] float32: targets that count in the loss
+    behaviour: jax.Array  # [M, R, T] float32: engine log-probs of the targets
+    advantages: jax.Array  # [M, R] float32
+    n_sequences: jax.Array  # [] float32: rows with at least one counted token (B)
+    n_tokens: jax.Array  # [] float32: counted tokens in the whole batch (N)
+
+
+def bucket_length(n: int, max_len: int) -> int:
+    """The smallest power of two >= n (at least MIN_BUCKET), capped at max_len."""
+    size = MIN_BUCKET
+    while size < n:
+        size *= 2
+    return min(size, max_len)
+
+
+def assign_rows(lengths: Sequence[int], n_micro: int, rows: int) -> list[list[int]]:
+    """Indices per micro-batch: longest first, each to the micro-batch with the least Σ L² so far."""
+    loads = [0] * n_micro
+    bins: list[list[int]] = [[] for _ in range(n_micro)]
+    for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+        open_bins = [b for b in range(n_micro) if len(bins[b]) < rows]
+        b = min(open_bins, key=lambda b: loads[b])
+        bins[b].append(i)
+        loads[b] += lengths[i] ** 2
+    return bins
+
+
+def build_batch(
+    trajectories: Sequence[Trajectory],
+    advantages: Sequence[float],
+    *,
+    max_len: int,
+    micro_batch_tokens: int,
+    mask_truncated: bool = False,
+    rows: int | None = None,
+) -> TrainBatch:
+    """Pack trajectories (with their advantages) into a TrainBatch; `rows` overrides the budget."""
+    if len(trajectories) != len(advantages):
+        raise ValueError("one advantage per trajectory")
+    longest = max(len(t.tokens) for t in trajectories) - 1
+    width = bucket_length(longest, max_len)
+    if longest > width:
+        raise ValueError(f"a trajectory of {longest + 1} tokens exceeds max_len={max_len}")
+    rows = rows or max(1, min(len(trajectories), micro_batch_tokens // width))
+    n_micro = -(-len(trajectories) // rows)
+    bins = assign_rows([len(t.tokens) for t in trajectories], n_micro, rows)
+    shape = (n_micro, rows, width)
+    arrays = {
+        "inputs": np.zeros(shape, np.int32),
+        "targets": np.zeros(shape, np.int32),
+        "valid": np.zeros(shape, bool),
+        "mask": np.zeros(shape, np.float32),
+        "behaviour": np.zeros(shape, np.float32),
+    }
+    adv = np.zeros((n_micro, rows), np.float32)
+    for m, members in enumerate(bins):
+        for r, i in enumerate(members):
+            traj, n = trajectories[i], len(trajectories[i].tokens) - 1
+            tokens = np.asarray(traj.tokens, np.int32)
+            arrays["inputs"][m, r, :n] = tokens[:-1]
+            arrays["targets"][m, r, :n] = tokens[1:]
+            arrays["valid"][m, r, :n] = True
+            if not (mask_truncated and traj.status in TRUNCATED):
+                arrays["mask"][m, r, :n] = np.asarray(traj.loss_mask[1:], np.float32)
+            arrays["behaviour"][m, r, :n] = np.asarray(traj.logprobs[1:], np.float32)
+            adv[m, r] = advantages[i]
+    counted = arrays["mask"].sum(-1) > 0
+    positions = np.broadcast_to(np.arange(width, dtype=np.int32), shape)
+    return TrainBatch(
+        positions=np.ascontiguousarray(positions),
+        advantages=adv,
+        n_sequences=np.float32(max(counted.sum(), 1)),
+        n_tokens=np.float32(arrays["mask"].sum()),
+        **arrays,
+    )
