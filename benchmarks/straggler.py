@@ -229,7 +229,8 @@ def main() -> None:
         rows.append({"workload": name, **rates, "bound": b})
         print(
             f"{name:14} {rates['sequential']:>10.1f} {rates['sync']:>10.1f} "
-            f"{rates['orchestrator']:>10.1f} {b:>8.1f} {rates['orchestrator'] / rates['sync']:>7.1f} "
+            f"{rates['orchestrator']:>10.1f} {b:>8.1f} "
+            f"{rates['orchestrator'] / rates['sync']:>7.1f} "
             f"{100 * rates['orchestrator'] / b:>7.0f}%",
             flush=True,
         )

@@ -46,7 +46,7 @@ def bucket_length(n: int, max_len: int) -> int:
 
 
 def assign_rows(lengths: Sequence[int], n_micro: int, rows: int) -> list[list[int]]:
-    """Indices per micro-batch: longest first, each to the micro-batch with the least Σ L² so far."""
+    """Row indices per micro-batch: longest first, each to the bin with the least Σ L² so far."""
     loads = [0] * n_micro
     bins: list[list[int]] = [[] for _ in range(n_micro)]
     for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):

@@ -48,12 +48,12 @@ def _accumulate(loss_of: Callable, params, batch: TrainBatch):
 
     def body(carry, i):
         loss, grads, sums = carry
-        (l, aux), g = grad_fn(params, _micro(batch, i))
+        (micro_loss, aux), g = grad_fn(params, _micro(batch, i))
         grads = jax.tree.map(jnp.add, grads, g)
         sums = {k: sums[k] + aux[k] for k in sums} | {
             k: jnp.maximum(sums[k], aux[k]) for k in sums if k.endswith("_max")
         }
-        return (loss + l, grads, sums), None
+        return (loss + micro_loss, grads, sums), None
 
     _, aux0 = jax.eval_shape(lambda: loss_of(params, _micro(batch, 0)))
     zeros = jax.tree.map(jnp.zeros_like, params)
