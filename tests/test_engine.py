@@ -175,7 +175,7 @@ def test_no_compilation_while_serving_after_warmup(cfg, model):
 
 def test_publish_mid_generation_records_both_versions(cfg, model):
     eng = Engine(model, cfg.rollout, max_len=MAX_LEN)
-    new_params = nnx.state(build_model(cfg.model, seed=99))
+    new_params = nnx.state(build_model(cfg.model, seed=99), nnx.Param)
 
     async def go():
         task = asyncio.create_task(
@@ -211,7 +211,7 @@ def test_publish_policies_finish_with_the_new_weights(cfg, policy):
         task = asyncio.create_task(eng.generate(GenerateRequest(prompt=prompt, params=_greedy(60))))
         while eng.stats.steps < 3:
             await asyncio.sleep(0.001)
-        eng.publish(nnx.state(new), version=1)
+        eng.publish(nnx.state(new, nnx.Param), version=1)
         return await task
 
     try:

@@ -38,11 +38,8 @@ class TrainBatch:
 
 
 def bucket_length(n: int, max_len: int) -> int:
-    """The smallest power of two >= n (at least MIN_BUCKET), capped at max_len."""
-    size = MIN_BUCKET
-    while size < n:
-        size *= 2
-    return min(size, max_len)
+    """n rounded up to a multiple of MIN_BUCKET, capped at max_len (a few shapes, little padding)."""
+    return min(-(-max(n, 1) // MIN_BUCKET) * MIN_BUCKET, max_len)
 
 
 def assign_rows(lengths: Sequence[int], n_micro: int, rows: int) -> list[list[int]]:

@@ -93,6 +93,9 @@ class Orchestrator:
         self.queue.open(group_id, task.id)
         for member in range(self.settings.group_size):
             await self._free.acquire()
+            if self._stopping:  # stopped while waiting for a slot: start nothing more
+                self._free.release()
+                return
             job = asyncio.create_task(self._member(task, group_id, member), name=group_id)
             self._running.add(job)
             job.add_done_callback(self._running.discard)
@@ -142,6 +145,8 @@ class Orchestrator:
     async def cancel(self) -> None:
         """Stop, cancel every running episode (each closes its environment), and wait for them."""
         self._stopping = True
-        for job in list(self._running):
-            job.cancel()
-        await self.drain()
+        while self._running:
+            jobs = list(self._running)
+            for job in jobs:
+                job.cancel()
+            await asyncio.gather(*jobs, return_exceptions=True)

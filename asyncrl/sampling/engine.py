@@ -68,13 +68,20 @@ class Engine:
         decode_text: Callable[[Sequence[int]], str] | None = None,
         seed: int = 0,
         version: int = 0,
+        placement: jax.sharding.Sharding | None = None,
+        device_lock: threading.Lock | None = None,
     ) -> None:
         self.cfg = cfg
         self.max_len = max_len
         self.vocab_limit = vocab_limit or model.cfg.vocab_size
         self.decode_text = decode_text
-        self._graphdef, state = nnx.split(model)
-        self._state = _own_copy(state)
+        # Where the engine's weights and cache live (the rollout devices); None = the default device.
+        self._placement = placement
+        # Colocated placement: the learner holds this lock during a train step, pausing decoding.
+        self._device_lock = device_lock or contextlib.nullcontext()
+        # Parameters are what a publish replaces; the rest (RoPE tables) stays the engine's own.
+        self._graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+        self._state = (_own_copy(params, placement), _own_copy(rest, placement))
         self._version = version
         self._slots = SlotTable(cfg.engine_slots)
         self._buckets = tuple(b for b in cfg.prefill_buckets if b <= max_len) or (max_len,)
@@ -83,6 +90,8 @@ class Engine:
         self._wide_threshold = max(2, cfg.engine_slots // 8)
         self._cache = init_cache(model.cfg, cfg.engine_slots, max_len)
         self._presence = jnp.zeros((cfg.engine_slots, model.cfg.vocab_size), bool)
+        if placement is not None:
+            self._cache, self._presence = jax.device_put((self._cache, self._presence), placement)
         n = cfg.engine_slots
         self._row_tokens = np.zeros(n, np.int32)
         self._row_pos = np.full(n, max_len, np.int32)
@@ -143,8 +152,11 @@ class Engine:
             raise
 
     def publish(self, params: nnx.State, version: int) -> None:
-        """Use `params` from the next decode step on; the engine keeps its own copy of them."""
-        owned = _own_copy(params)
+        """Use `params` (the model's nnx.Param state) from the next decode step on.
+
+        The engine keeps its own copy, on its own devices.
+        """
+        owned = _own_copy(params, self._placement)
         with self._cv:
             self._pending_publish = (owned, version)
             self._cv.notify()
@@ -182,13 +194,14 @@ class Engine:
                         break
                     publish, self._pending_publish = self._pending_publish, None
                     admit = self._take_waiting()
-                if publish is not None:
-                    self._apply_publish(*publish)
-                self._reap()
-                if admit:
-                    self._admit(admit)
-                if self._live:
-                    self._step()
+                with self._device_lock:
+                    if publish is not None:
+                        self._apply_publish(*publish)
+                    self._reap()
+                    if admit:
+                        self._admit(admit)
+                    if self._live:
+                        self._step()
         except BaseException as e:  # a device error must fail requests, not hang them
             self._fail_all(e)
             raise
@@ -409,7 +422,7 @@ class Engine:
                 self._retire(live, FinishReason.TIMEOUT)
 
     def _apply_publish(self, state: nnx.State, version: int) -> None:
-        self._state, self._version = state, version
+        self._state, self._version = (state, self._state[1]), version
         self.stats.publishes += 1
         if self.cfg.in_flight_policy != "recompute":
             return
@@ -471,8 +484,10 @@ def _key_data(seed: int) -> np.ndarray:
     return np.asarray([seed >> 32, seed & 0xFFFFFFFF], np.uint32)
 
 
-def _own_copy(state: nnx.State) -> nnx.State:
-    """A copy of the parameters that nobody else can donate or overwrite."""
+def _own_copy(state: nnx.State, placement: jax.sharding.Sharding | None = None) -> nnx.State:
+    """A copy of the parameters, on the engine's devices, that nobody else can donate."""
+    if placement is not None:
+        state = jax.device_put(state, placement)
     return jax.tree.map(lambda x: jnp.array(x, copy=True), state)
 
 

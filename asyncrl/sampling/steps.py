@@ -37,7 +37,7 @@ def _mask_vocab(logits: jax.Array, vocab_limit: int) -> jax.Array:
 )
 def prefill_step(
     graphdef: nnx.GraphDef,
-    state: nnx.State,
+    state: tuple[nnx.State, nnx.State],  # (parameters, other variables)
     cache: KVCache,  # [slots, K, S, H] per layer
     presence: jax.Array,  # [slots, V] bool
     slots: jax.Array,  # [P] int32: the cache row of each prefill row
@@ -59,7 +59,7 @@ def prefill_step(
     start at max_len so their writes are dropped); otherwise the P rows are gathered and scattered
     back. Sampling always takes the sorting path here: a prefill is rare next to decode steps.
     """
-    model = nnx.merge(graphdef, state)
+    model = nnx.merge(graphdef, *state)
     p, width = tokens.shape
     wide = p == cache.batch
     if wide:
@@ -92,7 +92,7 @@ def prefill_step(
 )
 def decode_step(
     graphdef: nnx.GraphDef,
-    state: nnx.State,
+    state: tuple[nnx.State, nnx.State],
     cache: KVCache,
     presence: jax.Array,  # [B, V] bool
     tokens: jax.Array,  # [B] int32: each row's last sampled token
@@ -106,7 +106,7 @@ def decode_step(
     sort: bool,
     vocab_limit: int,
 ):
-    model = nnx.merge(graphdef, state)
+    model = nnx.merge(graphdef, *state)
     logits, cache = model(tokens[:, None], positions[:, None], cache=cache, window=window)
     logits = _mask_vocab(logits[:, 0], vocab_limit)
     tok, logp, raw = sample(logits, row_params, _keys(base_keys, counters), presence, sort=sort)

@@ -1,0 +1,209 @@
+"""The training loop: rollouts stream in as complete groups, the learner steps, weights go out.
+
+`mode: async` streams: the orchestrator runs in the background, the learner takes the first
+`batch_size / G` complete groups whenever it is ready, and the train step runs in a worker thread so
+episodes and tools keep going meanwhile. Staleness is bounded twice: at admission
+(`StalenessAdmission`: a group may start only if it can be trained within `max_staleness` policy
+versions, so no generation is wasted) and at consumption (a group whose oldest token is more than
+`max_staleness` versions old is dropped whole and counted). With `max_staleness = 0` and a publish
+every step, admission admits exactly one batch per version, which is the synchronous schedule.
+`mode: sync` is the barrier baseline: generate exactly one batch, train, publish, repeat.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass, field
+
+from asyncrl.config.learner import LearnerConfig
+from asyncrl.envs.base import Task
+from asyncrl.learner.learner import Learner
+from asyncrl.metrics.tracker import NullTracker, Tracker
+from asyncrl.rollout.groups import GroupQueue
+from asyncrl.rollout.orchestrator import Orchestrator
+from asyncrl.sync.publisher import WeightPublisher
+from asyncrl.types import Group
+
+
+class StalenessAdmission:
+    """Admit the n-th group only while n < (version + max_staleness + 1) × groups per step.
+
+    Groups that were dropped (stale, or failed under the "drop" policy) are not counted: they
+    free their place in the budget.
+    """
+
+    def __init__(self, groups_per_step: int, max_staleness: int) -> None:
+        self.groups_per_step = groups_per_step
+        self.max_staleness = max_staleness
+        self.version = 0
+        self.started = 0
+        self.dropped = 0
+        self._changed = asyncio.Event()
+
+    def budget(self) -> int:
+        return (self.version + self.max_staleness + 1) * self.groups_per_step + self.dropped
+
+    async def wait(self) -> None:
+        while self.started >= self.budget():
+            self._changed.clear()
+            await self._changed.wait()
+        self.started += 1
+
+    def advance(self, version: int) -> None:
+        self.version = version
+        self._changed.set()
+
+    def forgive(self, n: int = 1) -> None:
+        self.dropped += n
+        self._changed.set()
+
+
+# Periodic work after a step (evaluate, checkpoint): `await hook(step, loop)`.
+Hook = Callable[[int, "TrainingLoop"], Awaitable[None]]
+
+
+@dataclass(slots=True)
+class LoopStats:
+    steps: int = 0
+    groups_trained: int = 0
+    groups_dropped_stale: int = 0
+    lags: list[int] = field(default_factory=list)  # per trained trajectory: version − oldest token
+    train_seconds: float = 0.0
+    wait_seconds: float = 0.0  # learner idle, waiting for groups
+
+
+class TrainingLoop:
+    def __init__(
+        self,
+        learner: Learner,
+        publisher: WeightPublisher,
+        orchestrator: Orchestrator,
+        queue: GroupQueue,
+        cfg: LearnerConfig,
+        *,
+        groups_per_step: int,
+        admission: StalenessAdmission | None = None,
+        device_lock: threading.Lock | None = None,
+        tracker: Tracker | None = None,
+        hooks: tuple[Hook, ...] = (),
+    ) -> None:
+        self.learner, self.publisher, self.orchestrator = learner, publisher, orchestrator
+        self.queue, self.cfg = queue, cfg
+        self.groups_per_step = groups_per_step
+        self.admission = admission
+        self.device_lock = device_lock
+        self.tracker = tracker or NullTracker()
+        self.hooks = hooks
+        self.stats = LoopStats()
+        self._start = time.monotonic()
+
+    @property
+    def version(self) -> int:
+        return self.publisher.version
+
+    async def run(self, tasks: Iterator[Task], steps: int, deadline_s: float = 0.0) -> LoopStats:
+        """Train for `steps` optimizer steps (or until `deadline_s` seconds, when > 0)."""
+        if self.cfg.mode == "sync":
+            return await self._run_sync(tasks, steps, deadline_s)
+        producer = asyncio.create_task(self.orchestrator.run(tasks))
+        try:
+            for _ in range(steps):
+                if deadline_s and time.monotonic() - self._start > deadline_s:
+                    break
+                groups = await self._collect(producer)
+                if groups is None:
+                    break
+                await self._train(groups)
+        finally:
+            self.orchestrator.stop()
+            producer.cancel()
+            await asyncio.gather(producer, return_exceptions=True)
+            await self.orchestrator.cancel()
+        return self.stats
+
+    async def _run_sync(self, tasks: Iterator[Task], steps: int, deadline_s: float) -> LoopStats:
+        for _ in range(steps):
+            if deadline_s and time.monotonic() - self._start > deadline_s:
+                break
+            batch_tasks = [t for _, t in zip(range(self.groups_per_step), tasks, strict=False)]
+            if not batch_tasks:
+                break
+            t0 = time.monotonic()
+            await self.orchestrator.run(batch_tasks)
+            groups = [g for g in iter(self.queue.get_nowait, None)]
+            self.stats.wait_seconds += time.monotonic() - t0
+            if groups:
+                await self._train(groups)
+        return self.stats
+
+    async def _collect(self, producer: asyncio.Task) -> list[Group] | None:
+        """The next `groups_per_step` fresh groups; stale ones are dropped and counted."""
+        groups: list[Group] = []
+        t0 = time.monotonic()
+        while len(groups) < self.groups_per_step:
+            getter = asyncio.ensure_future(self.queue.get())
+            done, _ = await asyncio.wait({getter, producer}, return_when=asyncio.FIRST_COMPLETED)
+            if getter not in done:
+                getter.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await getter
+                if producer.exception() is not None:
+                    raise producer.exception()
+                return None  # the task stream ran out
+            group = getter.result()
+            oldest = group.version_span[0]
+            if oldest >= 0 and self.version - oldest > self.cfg.max_staleness:
+                self.stats.groups_dropped_stale += 1
+                if self.admission is not None:
+                    self.admission.forgive()
+                continue
+            groups.append(group)
+        self.stats.wait_seconds += time.monotonic() - t0
+        return groups
+
+    async def _train(self, groups: list[Group]) -> None:
+        groups = sorted(groups, key=lambda g: _group_number(g.group_id))
+        batch = self.learner.batch_from_groups(groups)
+        t0 = time.monotonic()
+        metrics = await asyncio.to_thread(self._step_locked, batch)
+        self.stats.train_seconds += time.monotonic() - t0
+        self.stats.steps += 1
+        self.stats.groups_trained += len(groups)
+        lags = [
+            self.version - min(t.sampled_versions)
+            for g in groups
+            for t in g.trajectories
+            if t.sampled_versions
+        ]
+        self.stats.lags.extend(lags)
+        step = self.learner.step
+        if step % self.cfg.sync_every == 0:
+            version = self.publisher.publish(self.learner.params_copy(), step)
+            if self.admission is not None:
+                self.admission.advance(version)
+        rewards = [t.reward for g in groups for t in g.trajectories]
+        metrics.update(
+            reward=sum(rewards) / len(rewards),
+            policy_lag_mean=sum(lags) / max(len(lags), 1),
+            policy_lag_max=float(max(lags, default=0)),
+            groups_dropped_stale=float(self.stats.groups_dropped_stale),
+            version=float(self.version),
+            train_s=time.monotonic() - t0,
+        )
+        self.tracker.log(step, metrics)
+        for hook in self.hooks:
+            await hook(step, self)
+
+    def _step_locked(self, batch):
+        lock = self.device_lock or contextlib.nullcontext()
+        with lock:
+            return self.learner.rl_step(batch)
+
+
+def _group_number(group_id: str) -> int:
+    """Groups are numbered in start order ("task@n"); a batch is ordered by it."""
+    return int(group_id.rsplit("@", 1)[1])

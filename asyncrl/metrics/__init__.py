@@ -1,0 +1,1 @@
+"""Metrics: trackers (JSONL always, TensorBoard optionally), plots and the run report."""

@@ -1,0 +1,70 @@
+"""The `Tracker` seam for scalar metrics, and the JSONL tracker every run writes.
+
+A record is (step, wall time, name → number). JSONL is always written (it is what plots, the gate
+and the report read); other trackers (TensorBoard) can be stacked with `Trackers`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Protocol
+
+
+class Tracker(Protocol):
+    def log(self, step: int, metrics: Mapping[str, float], *, kind: str = "train") -> None: ...
+
+    def close(self) -> None: ...
+
+
+class NullTracker:
+    def log(self, step: int, metrics: Mapping[str, float], *, kind: str = "train") -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class JsonlTracker:
+    """One JSON object per line: {"kind", "step", "time", "elapsed_s", **metrics}."""
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self._file = path.open("a", buffering=1)
+        self._start = time.monotonic()
+
+    def log(self, step: int, metrics: Mapping[str, float], *, kind: str = "train") -> None:
+        record = {
+            "kind": kind,
+            "step": step,
+            "time": time.time(),
+            "elapsed_s": round(time.monotonic() - self._start, 4),
+        }
+        for k, v in metrics.items():
+            record[k] = None if isinstance(v, float) and not math.isfinite(v) else v
+        self._file.write(json.dumps(record) + "\n")
+
+    def close(self) -> None:
+        self._file.close()
+
+
+class Trackers:
+    def __init__(self, *trackers: Tracker) -> None:
+        self.trackers = trackers
+
+    def log(self, step: int, metrics: Mapping[str, float], *, kind: str = "train") -> None:
+        for t in self.trackers:
+            t.log(step, metrics, kind=kind)
+
+    def close(self) -> None:
+        for t in self.trackers:
+            t.close()
+
+
+def read_jsonl(path: Path, kind: str | None = None) -> list[dict[str, object]]:
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [r for r in rows if kind is None or r.get("kind") == kind]

@@ -1,0 +1,1 @@
+"""Weight publication from the learner to the rollout engine, and policy versions."""
