@@ -38,7 +38,7 @@ class TrainBatch:
 
 
 def bucket_length(n: int, max_len: int) -> int:
-    """n rounded up to a multiple of MIN_BUCKET, capped at max_len (a few shapes, little padding)."""
+    """n rounded up to a multiple of MIN_BUCKET, capped at max_len: few shapes, little padding."""
     return min(-(-max(n, 1) // MIN_BUCKET) * MIN_BUCKET, max_len)
 
 

@@ -75,7 +75,7 @@ class Engine:
         self.max_len = max_len
         self.vocab_limit = vocab_limit or model.cfg.vocab_size
         self.decode_text = decode_text
-        # Where the engine's weights and cache live (the rollout devices); None = the default device.
+        # Where the engine's weights and cache live (the rollout devices); None = default device.
         self._placement = placement
         # Colocated placement: the learner holds this lock during a train step, pausing decoding.
         self._device_lock = device_lock or contextlib.nullcontext()
