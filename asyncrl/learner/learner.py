@@ -47,6 +47,8 @@ class Learner:
                 warmup=min(20, cfg.sft_steps // 10),
                 steps=max(cfg.sft_steps, 1),
                 grad_clip=1.0,
+                beta1=cfg.beta1,
+                beta2=cfg.beta2,
             )
         else:
             tx, self.schedule = make_optimizer(
