@@ -9,7 +9,6 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
-from dataclasses import asdict
 
 from asyncrl.config import ConfigError, load_config, to_yaml
 
@@ -56,13 +55,19 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if "warm_start" in cfg.pipeline.stages and cfg.learner.sft_steps > 0:
         ws = warm_start(cfg, run_dir)
         init = ws.model_dir
-        print(f"warm start: {ws.steps} SFT steps in {ws.seconds:.0f} s, held-out solve rate "
-              f"{100 * ws.heldout_solve_rate:.1f}% ({run_dir}/warm_start/)", flush=True)
+        print(
+            f"warm start: {ws.steps} SFT steps in {ws.seconds:.0f} s, held-out solve rate "
+            f"{100 * ws.heldout_solve_rate:.1f}% ({run_dir}/warm_start/)",
+            flush=True,
+        )
     if "train" in cfg.pipeline.stages:
         tr = train(cfg, run_dir, init_model=init)
-        print(f"train: {tr.steps} RL steps in {tr.seconds:.0f} s, held-out solve rate "
-              f"{100 * tr.initial_solve_rate:.1f}% -> {100 * tr.final_solve_rate:.1f}%; "
-              f"learning curve {tr.curve}", flush=True)
+        print(
+            f"train: {tr.steps} RL steps in {tr.seconds:.0f} s, held-out solve rate "
+            f"{100 * tr.initial_solve_rate:.1f}% -> {100 * tr.final_solve_rate:.1f}%; "
+            f"learning curve {tr.curve}",
+            flush=True,
+        )
     return 0
 
 

@@ -9,6 +9,11 @@ windows), so serving compiles nothing after `warmup()`.
 
 The engine knows nothing of tools, agents or training. It never blocks an event loop: the only
 waits on the caller's side are asyncio awaits (admission backpressure and the result).
+
+Why one class of ~480 lines: every mutation of the cache, the slot table and the per-slot arrays
+happens on the decode thread inside these methods; splitting them across objects would spread
+that single-writer invariant over several files. Host arrays live in `host_arrays.py`, device
+steps in `steps.py`, slot bookkeeping in `slots.py`.
 """
 
 from __future__ import annotations
@@ -30,11 +35,11 @@ from flax import nnx
 
 from asyncrl.config import RolloutConfig
 from asyncrl.model import Transformer, init_cache
+from asyncrl.sampling.host_arrays import PrefillBatch, RowArrays, key_data
 from asyncrl.sampling.protocol import EngineClosed, PromptTooLong
 from asyncrl.sampling.slots import Slot, SlotTable
 from asyncrl.sampling.stats import EngineStats
 from asyncrl.sampling.steps import decode_step, prefill_step
-from asyncrl.sampling.strategies import RowParams
 from asyncrl.types import Completion, FinishReason, GenerateRequest
 
 
@@ -96,7 +101,7 @@ class Engine:
         self._row_tokens = np.zeros(n, np.int32)
         self._row_pos = np.full(n, max_len, np.int32)
         self._row_keys = np.zeros((n, 2), np.uint32)
-        self._row_params = _RowArrays(n)
+        self._row_params = RowArrays(n)
         self._live: dict[int, _Live] = {}  # slot index -> request decoding there
         self._waiting: deque[_Live] = deque()
         self._pending_publish: tuple[nnx.State, int] | None = None
@@ -134,7 +139,7 @@ class Engine:
             loop=loop,
             future=loop.create_future(),
             release_admission=lambda: loop.call_soon_threadsafe(sem.release),
-            key=_key_data(seed),
+            key=key_data(seed),
             deadline=time.monotonic() + timeout,
         )
         with self._cv:
@@ -175,7 +180,7 @@ class Engine:
                 raise RuntimeError("warm up before serving")
             for width, window in self._prefill_shapes():
                 for rows in sorted({1, self.cfg.engine_slots}):
-                    self._prefill_call(_PrefillBatch(rows, width, self.max_len), window)
+                    self._prefill_call(PrefillBatch(rows, width, self.max_len), window)
             for window in self._windows:
                 for sort in (False, True):
                     self._decode(window, sort, np.zeros(self.cfg.engine_slots, bool))
@@ -269,7 +274,7 @@ class Engine:
         pos, out = start, None
         while pos < len(seq):
             chunk = seq[pos : pos + largest]
-            batch = _PrefillBatch(1, self._bucket_for(len(chunk)), self.max_len)
+            batch = PrefillBatch(1, self._bucket_for(len(chunk)), self.max_len)
             is_last = pos + len(chunk) == len(seq)
             batch.put(0, slot.index, chunk, pos, reset=pos == 0, final=is_last and keep)
             params = self._row_params.row_of(slot.index)
@@ -284,7 +289,7 @@ class Engine:
         """One call over all slots for prompts whose uncached part fits one bucket."""
         n = self.cfg.engine_slots
         longest = max(len(x.request.prompt) - x.cached_tokens for x in lives)
-        batch = _PrefillBatch(n, self._bucket_for(longest), self.max_len)
+        batch = PrefillBatch(n, self._bucket_for(longest), self.max_len)
         for live in lives:
             i = live.slot.index
             batch.put(
@@ -310,9 +315,9 @@ class Engine:
         slot.cached = list(seq)
         slot.version = self._version if start == 0 else min(slot.version, self._version)
 
-    def _prefill_call(self, batch: _PrefillBatch, window: int, params=None, keys=None):
+    def _prefill_call(self, batch: PrefillBatch, window: int, params=None, keys=None):
         rows = batch.tokens.shape[0]
-        params = params if params is not None else _RowArrays(rows).all()
+        params = params if params is not None else RowArrays(rows).all()
         keys = keys if keys is not None else np.zeros((rows, 2), np.uint32)
         tok, logp, raw, self._cache, self._presence = prefill_step(
             self._graphdef,
@@ -478,72 +483,8 @@ def _call_soon(loop: asyncio.AbstractEventLoop, fn: Callable[[], None]) -> None:
         loop.call_soon_threadsafe(fn)
 
 
-def _key_data(seed: int) -> np.ndarray:
-    """Threefry key data for a seed, built on the host (no device op, nothing to compile)."""
-    seed = int(seed) & ((1 << 64) - 1)
-    return np.asarray([seed >> 32, seed & 0xFFFFFFFF], np.uint32)
-
-
 def _own_copy(state: nnx.State, placement: jax.sharding.Sharding | None = None) -> nnx.State:
     """A copy of the parameters, on the engine's devices, that nobody else can donate."""
     if placement is not None:
         state = jax.device_put(state, placement)
     return jax.tree.map(lambda x: jnp.array(x, copy=True), state)
-
-
-class _PrefillBatch:
-    """Host arrays of one prefill call: `rows` rows of `width` tokens; unused rows stay inert."""
-
-    def __init__(self, rows: int, width: int, max_len: int) -> None:
-        self.slots = np.arange(rows, dtype=np.int32)
-        self.tokens = np.zeros((rows, width), np.int32)
-        self.starts = np.full(rows, max_len, np.int32)  # inert rows write past the cache end
-        self.n_valid = np.zeros(rows, np.int32)
-        self.reset = np.zeros(rows, bool)
-        self.final = np.zeros(rows, bool)
-
-    def put(self, row: int, slot: int, chunk: Sequence[int], start: int, *, reset, final) -> None:
-        self.slots[row] = slot
-        self.tokens[row, : len(chunk)] = chunk
-        self.starts[row] = start
-        self.n_valid[row] = len(chunk)
-        self.reset[row] = reset
-        self.final[row] = final
-
-
-class _RowArrays:
-    """Per-slot sampling parameters as host arrays, shipped to the device each step."""
-
-    def __init__(self, n: int) -> None:
-        self.temperature = np.ones(n, np.float32)
-        self.top_k = np.zeros(n, np.int32)
-        self.top_p = np.ones(n, np.float32)
-        self.min_p = np.zeros(n, np.float32)
-        self.repetition_penalty = np.ones(n, np.float32)
-
-    def set(self, i: int, p) -> RowParams:
-        self.temperature[i] = p.temperature
-        self.top_k[i] = p.top_k
-        self.top_p[i] = p.top_p
-        self.min_p[i] = p.min_p
-        self.repetition_penalty[i] = p.repetition_penalty
-        return self.row_of(i)
-
-    def row_of(self, i: int) -> RowParams:
-        sl = slice(i, i + 1)
-        return RowParams(
-            temperature=self.temperature[sl],
-            top_k=self.top_k[sl],
-            top_p=self.top_p[sl],
-            min_p=self.min_p[sl],
-            repetition_penalty=self.repetition_penalty[sl],
-        )
-
-    def all(self) -> RowParams:
-        return RowParams(
-            temperature=self.temperature,
-            top_k=self.top_k,
-            top_p=self.top_p,
-            min_p=self.min_p,
-            repetition_penalty=self.repetition_penalty,
-        )
