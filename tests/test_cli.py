@@ -47,8 +47,10 @@ def test_missing_config_file_exits_2(capsys):
 
 
 @pytest.mark.entry
-def test_run_builds_checks_and_exports_the_model(tmp_path):
-    args = [*MICRO_OVERRIDES, f"pipeline.runs_dir={tmp_path}", "pipeline.run_id=t1"]
+def test_run_checks_warm_starts_and_trains(tmp_path):
+    args = [*MICRO_OVERRIDES, f"pipeline.runs_dir={tmp_path}", "pipeline.run_id=t1",
+            "learner.sft_steps=3", "learner.sft_batch_size=4", "learner.steps=2",
+            "learner.eval_every=2", "env.heldout_size=2", "env.train_size=8"]
     out = subprocess.run(
         [sys.executable, "-m", "asyncrl.cli", "run", "configs/local.yaml", *args],
         capture_output=True,
@@ -57,5 +59,11 @@ def test_run_builds_checks_and_exports_the_model(tmp_path):
     assert out.returncode == 0, out.stderr
     result = json.loads((tmp_path / "t1" / "model_check.json").read_text())
     assert result["ok"] is True
-    assert (tmp_path / "t1" / "model" / "model.safetensors").exists()
-    assert load_config(tmp_path / "t1" / "config.yaml").model.preset == "micro"
+    run = tmp_path / "t1"
+    assert (run / "model" / "model.safetensors").exists()
+    assert load_config(run / "config.yaml").model.preset == "micro"
+    assert json.loads((run / "warm_start" / "warm_start.json").read_text())["steps"] == 3
+    trained = json.loads((run / "train" / "train.json").read_text())
+    assert trained["steps"] == 2
+    assert (run / "train" / "learning_curve.png").exists()
+    assert "train: 2 RL steps" in out.stdout

@@ -34,6 +34,8 @@ class WarmStartResult:
     final_loss: float
     heldout_solve_rate: float
     heldout_by_family: tuple[tuple[str, float], ...]
+    demonstrations: int
+    skipped_too_long: int  # demonstrations longer than env.max_context
 
 
 def warm_start(cfg: RunConfig, run_dir: Path, log_every: int = 20) -> WarmStartResult:
@@ -43,7 +45,10 @@ def warm_start(cfg: RunConfig, run_dir: Path, log_every: int = 20) -> WarmStartR
     if cfg.model.checkpoint:
         hf.load_into(model, cfg.model.checkpoint)
     tasks = list(task_stream(cfg.env.tasks, "train", cfg.env.train_size, cfg.env.seed))
-    demos = demonstrations(tasks, wiring.fmt)
+    every = demonstrations(tasks, wiring.fmt)
+    demos = [d for d in every if len(d.tokens) <= cfg.env.max_context]
+    if not demos:
+        raise ValueError(f"no demonstration fits env.max_context={cfg.env.max_context}")
     learner = Learner(model, cfg.learner, max_len=cfg.env.max_context, sft=True)
     tracker = JsonlTracker(run_dir / "warm_start" / "metrics.jsonl")
     rng = random.Random(cfg.seed)
@@ -67,6 +72,8 @@ def warm_start(cfg: RunConfig, run_dir: Path, log_every: int = 20) -> WarmStartR
         final_loss=loss,
         heldout_solve_rate=summary.solve_rate,
         heldout_by_family=summary.by_family,
+        demonstrations=len(demos),
+        skipped_too_long=len(every) - len(demos),
     )
     (run_dir / "warm_start" / RESULT_FILE).write_text(json.dumps(asdict(result), indent=2))
     return result
