@@ -48,9 +48,17 @@ def test_missing_config_file_exits_2(capsys):
 
 @pytest.mark.entry
 def test_run_checks_warm_starts_and_trains(tmp_path):
-    args = [*MICRO_OVERRIDES, f"pipeline.runs_dir={tmp_path}", "pipeline.run_id=t1",
-            "learner.sft_steps=3", "learner.sft_batch_size=4", "learner.steps=2",
-            "learner.eval_every=2", "env.heldout_size=2", "env.train_size=8"]
+    args = [
+        *MICRO_OVERRIDES,
+        f"pipeline.runs_dir={tmp_path}",
+        "pipeline.run_id=t1",
+        "learner.sft_steps=3",
+        "learner.sft_batch_size=4",
+        "learner.steps=2",
+        "learner.eval_every=2",
+        "env.heldout_size=2",
+        "env.train_size=8",
+    ]
     out = subprocess.run(
         [sys.executable, "-m", "asyncrl.cli", "run", "configs/local.yaml", *args],
         capture_output=True,

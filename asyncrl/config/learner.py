@@ -69,6 +69,9 @@ class LearnerConfig:
     sft_steps: int = 200
     sft_lr: float = 1e-3
     sft_batch_size: int = 32
+    # The first this many SFT steps train only on content tokens (tool argument values, answers);
+    # see envs/demonstrations.py for why.
+    sft_content_steps: int = 0
 
     def __post_init__(self) -> None:
         for name in (
@@ -94,6 +97,12 @@ class LearnerConfig:
         require(self.kl_coef >= 0, "kl_coef", self.kl_coef, "a number >= 0")
         require(self.is_cap >= 1, "is_cap", self.is_cap, "a number >= 1")
         require(self.time_budget_s >= 0, "time_budget_s", self.time_budget_s, "a number >= 0")
+        require(
+            0 <= self.sft_content_steps <= self.sft_steps,
+            "sft_content_steps",
+            self.sft_content_steps,
+            f"an integer in [0, sft_steps={self.sft_steps}]",
+        )
         require(
             self.warmup_steps <= self.steps,
             "warmup_steps",

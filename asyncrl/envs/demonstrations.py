@@ -4,6 +4,12 @@ A demonstration is the conversation a correct agent would have: its tool calls, 
 outputs (the same tools the environment runs), and the final answer, rendered by the chat format
 with the loss mask on the assistant's tokens. Nothing is re-tokenized later: the trajectory's
 tokens are what SFT trains on.
+
+`content_only=True` keeps in the mask only the tokens that carry the episode's content (tool
+argument values and the final answer) and drops the fixed syntax around them. The warm start trains
+on these first: a small model that learns the boilerplate first stays stuck at chance on the
+content (measured: fixed-offset digit copying is learned in ~100 steps from content tokens alone,
+and not within 400 when the surrounding JSON is trained from the start).
 """
 
 from __future__ import annotations
@@ -52,14 +58,51 @@ def expert_messages(task: Task) -> list[Message]:
     raise ValueError(f"no expert for task family {task.family!r}")
 
 
-def demonstration(task: Task, fmt: ChatFormat) -> Trajectory:
-    conv = Conversation.of(fmt, expert_messages(task))
+def content_values(message: Message) -> list[str]:
+    """The strings of an assistant message that carry content: argument values and the answer."""
+    values = [message.content] if message.content else []
+    for call in message.tool_calls:
+        values += [str(v) for v in call.arguments().values()]
+    return values
+
+
+def _content_mask(conv: Conversation, messages: list[Message]) -> list[int]:
+    """1 on produced tokens whose text overlaps a content value of their assistant turn."""
+    fmt = conv.fmt
+    mask = [0] * len(conv.tokens)
+    assistants = iter(m for m in messages if m.role == Role.ASSISTANT)
+    i = 0
+    while i < len(conv.tokens):
+        if not conv.mask[i]:
+            i += 1
+            continue
+        j = i
+        while j < len(conv.tokens) and conv.mask[j]:
+            j += 1
+        pieces = [fmt.tok.decode([t]) for t in conv.tokens[i:j]]
+        text, starts = "".join(pieces), [0]
+        for p in pieces:
+            starts.append(starts[-1] + len(p))
+        for value in content_values(next(assistants)):
+            at = text.find(value)
+            if value and at >= 0:
+                for k in range(j - i):
+                    if starts[k] < at + len(value) and starts[k + 1] > at:
+                        mask[i + k] = 1
+        i = j
+    return mask
+
+
+def demonstration(task: Task, fmt: ChatFormat, content_only: bool = False) -> Trajectory:
+    messages = expert_messages(task)
+    conv = Conversation.of(fmt, messages)
+    mask = _content_mask(conv, messages) if content_only else conv.mask
     return Trajectory(
         id=f"demo/{task.id}",
         group_id=f"demo/{task.id}",
         task_id=task.id,
         tokens=tuple(conv.tokens),
-        loss_mask=tuple(conv.mask),
+        loss_mask=tuple(mask),
         logprobs=tuple(conv.logprobs),
         versions=tuple(conv.versions),
         reward=1.0,
@@ -67,5 +110,7 @@ def demonstration(task: Task, fmt: ChatFormat) -> Trajectory:
     )
 
 
-def demonstrations(tasks: Iterable[Task], fmt: ChatFormat) -> list[Trajectory]:
-    return [demonstration(t, fmt) for t in tasks]
+def demonstrations(
+    tasks: Iterable[Task], fmt: ChatFormat, content_only: bool = False
+) -> list[Trajectory]:
+    return [demonstration(t, fmt, content_only) for t in tasks]

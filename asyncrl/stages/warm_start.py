@@ -49,13 +49,16 @@ def warm_start(cfg: RunConfig, run_dir: Path, log_every: int = 20) -> WarmStartR
     demos = [d for d in every if len(d.tokens) <= cfg.env.max_context]
     if not demos:
         raise ValueError(f"no demonstration fits env.max_context={cfg.env.max_context}")
+    fitting = [t for t, d in zip(tasks, every, strict=True) if len(d.tokens) <= cfg.env.max_context]
+    content = demonstrations(fitting, wiring.fmt, content_only=True)
     learner = Learner(model, cfg.learner, max_len=cfg.env.max_context, sft=True)
     tracker = JsonlTracker(run_dir / "warm_start" / "metrics.jsonl")
     rng = random.Random(cfg.seed)
     loss = float("nan")
     rows = cfg.learner.sft_batch_size
-    for _ in range(cfg.learner.sft_steps):
-        batch = learner.sft_batch(rng.sample(demos, min(rows, len(demos))), rows=rows)
+    for step in range(cfg.learner.sft_steps):
+        pool = content if step < cfg.learner.sft_content_steps else demos
+        batch = learner.sft_batch(rng.sample(pool, min(rows, len(pool))), rows=rows)
         metrics = learner.sft_step(batch)
         loss = metrics["loss"]
         if learner.step % log_every == 0 or learner.step == cfg.learner.sft_steps:
