@@ -69,7 +69,7 @@ MALFORMED = [
     (["rollout.prefill_buckets=64"], "rollout.prefill_buckets", "expected a list"),
     (["rollout.in_flight_policy=drop"], "rollout.in_flight_policy", "continue, recompute"),
     (["model.n_kv_heads=3"], "model.n_kv_heads", "a divisor of n_heads=4"),
-    (["model.preset=qwen3-9b"], "model.preset", "allowed: micro, tiny"),
+    (["model.preset=qwen3-9b"], "model.preset", "allowed: micro, mini, tiny"),
     (["model.vocab_size=100"], "model.vocab_size", "byte tokenizer"),
     (["model.dtype=float16"], "model.dtype", "float32, bfloat16"),
     (["model.max_seq_len=256"], "env.max_context", "at most model.max_seq_len=256"),

@@ -112,6 +112,7 @@ def _failing_tool_env(task, spec):
         ("steps", TrajectoryStatus.TRUNCATED_STEPS),
         ("tokens", TrajectoryStatus.TRUNCATED_TOKENS),
         ("context", TrajectoryStatus.TRUNCATED_TOKENS),
+        ("tool_output_past_context", TrajectoryStatus.TRUNCATED_TOKENS),
         ("timeout", TrajectoryStatus.TIMEOUT),
         ("tool_error", TrajectoryStatus.TOOL_ERROR),
         ("tool_hang", TrajectoryStatus.TOOL_ERROR),
@@ -129,6 +130,8 @@ def test_every_status_is_produced(case, status):
         engine = ScriptedEngine(by_turn(answer("9" * 500)))
     elif case == "context":
         limits = EpisodeLimits(max_context=40)
+    elif case == "tool_output_past_context":
+        limits = EpisodeLimits(max_context=80)  # the call fits; the tool's response does not
     elif case == "timeout":
         engine = ScriptedEngine(by_turn(answer("4164")), delay_s=5)
         limits = EpisodeLimits(timeout_s=0.1)
@@ -150,6 +153,7 @@ def test_every_status_is_produced(case, status):
     traj = run(episode(engine, env, limits, agent).run())
     assert traj.status == status
     assert traj.reward == 0.0
+    assert len(traj.tokens) <= limits.max_context
 
 
 def test_malformed_call_becomes_an_observation_and_the_episode_goes_on():

@@ -119,6 +119,8 @@ class Episode:
                 self.reward, self.reward_parts = result.reward, result.reward_parts
                 return result.status
             self.agent.observe(result.messages)
+            if len(self.agent.conversation.tokens) >= self.limits.max_context:
+                return TrajectoryStatus.TRUNCATED_TOKENS
         return TrajectoryStatus.TRUNCATED_STEPS
 
     async def close(self) -> None:
@@ -131,14 +133,19 @@ class Episode:
 
     def trajectory(self, status: TrajectoryStatus) -> Trajectory:
         conv = self.agent.conversation
+        # Tool output or a turn header may run past the context; sampling never does (its budget
+        # is the room left), so the cut loses no trained token and keeps the record trainable.
+        n = self.limits.max_context
+        if len(conv.tokens) > n and status == TrajectoryStatus.TRUNCATED_STEPS:
+            status = TrajectoryStatus.TRUNCATED_TOKENS
         return Trajectory(
             id=self.spec.episode_id,
             group_id=self.spec.group_id,
             task_id=self.spec.task.id,
-            tokens=tuple(conv.tokens),
-            loss_mask=tuple(conv.mask),
-            logprobs=tuple(conv.logprobs),
-            versions=tuple(conv.versions),
+            tokens=tuple(conv.tokens[:n]),
+            loss_mask=tuple(conv.mask[:n]),
+            logprobs=tuple(conv.logprobs[:n]),
+            versions=tuple(conv.versions[:n]),
             reward=self.reward if status == TrajectoryStatus.COMPLETED else 0.0,
             reward_parts=self.reward_parts,
             status=status,
