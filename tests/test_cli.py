@@ -53,6 +53,7 @@ def test_run_checks_warm_starts_and_trains(tmp_path):
         f"pipeline.runs_dir={tmp_path}",
         "pipeline.run_id=t1",
         "learner.sft_steps=3",
+        "learner.sft_content_steps=1",
         "learner.sft_batch_size=4",
         "learner.steps=2",
         "learner.eval_every=2",
