@@ -10,12 +10,11 @@ import pytest
 
 from asyncrl.envs.tasks import task_stream
 from asyncrl.learner.learner import Learner
-from asyncrl.learner.loop import StalenessAdmission, TrainingLoop
+from asyncrl.learner.loop import StalenessAdmission
 from asyncrl.model import build_model
-from asyncrl.rollout.groups import GroupQueue
-from asyncrl.rollout.orchestrator import Orchestrator, OrchestratorSettings
 from asyncrl.sampling.engine import Engine
 from asyncrl.stages.common import Wiring
+from asyncrl.stages.train import build_loop
 from asyncrl.sync.publisher import WeightPublisher
 from asyncrl.testing.configs import micro_config
 from asyncrl.testing.scripted_engine import ScriptedEngine
@@ -65,35 +64,7 @@ class VersionedScript(ScriptedEngine):
 
 
 def _loop(cfg, engine, learner, admission_on: bool):
-    wiring = Wiring.of(cfg)
-    g = cfg.rollout.group_size
-    gps = cfg.learner.batch_size // g
-    queue = GroupQueue(g, max_ready=64)
-    admission = StalenessAdmission(gps, cfg.learner.max_staleness) if admission_on else None
-    settings = OrchestratorSettings(
-        group_size=g,
-        max_concurrency=cfg.rollout.max_concurrency,
-        limits=wiring.limits(),
-        sampling=wiring.sampling(),
-        seed=3,
-    )
-    orch = Orchestrator(
-        engine,
-        queue,
-        settings,
-        make_env=wiring.make_env,
-        make_agent=wiring.make_agent,
-        admission=admission,
-    )
-    return TrainingLoop(
-        learner,
-        WeightPublisher(engine),
-        orch,
-        queue,
-        cfg.learner,
-        groups_per_step=gps,
-        admission=admission,
-    )
+    return build_loop(cfg, Wiring.of(cfg), learner, engine, admission=admission_on)
 
 
 def _train(cfg, steps, admission_on=True, slow_s=0.0):

@@ -85,7 +85,21 @@ def train(cfg: RunConfig, run_dir: Path, init_model: str | None = None) -> Train
     return result
 
 
-async def _run(cfg, wiring, learner, engine, placement, tracker, start, out) -> TrainResult:
+def build_loop(
+    cfg: RunConfig,
+    wiring: Wiring,
+    learner: Learner,
+    engine,
+    *,
+    device_lock=None,
+    tracker=None,
+    hooks=(),
+    admission: bool | None = None,
+) -> TrainingLoop:
+    """The queue, the staleness admission (async mode), the orchestrator and the training loop.
+
+    `admission` False turns the admission bound off (tests use it to force stale groups).
+    """
     g = cfg.rollout.group_size
     gps = cfg.learner.batch_size // g
     queue = GroupQueue(
@@ -94,9 +108,8 @@ async def _run(cfg, wiring, learner, engine, placement, tracker, start, out) -> 
         cfg.rollout.max_retries,
         max(cfg.rollout.max_ready_groups, gps),
     )
-    admission = (
-        StalenessAdmission(gps, cfg.learner.max_staleness) if cfg.learner.mode == "async" else None
-    )
+    wanted = cfg.learner.mode == "async" if admission is None else admission
+    bound = StalenessAdmission(gps, cfg.learner.max_staleness) if wanted else None
     settings = OrchestratorSettings(
         group_size=g,
         max_concurrency=cfg.rollout.max_concurrency,
@@ -110,8 +123,23 @@ async def _run(cfg, wiring, learner, engine, placement, tracker, start, out) -> 
         settings,
         make_env=wiring.make_env,
         make_agent=wiring.make_agent,
-        admission=admission,
+        admission=bound,
     )
+    return TrainingLoop(
+        learner,
+        WeightPublisher(engine),
+        orchestrator,
+        queue,
+        cfg.learner,
+        groups_per_step=gps,
+        admission=bound,
+        device_lock=device_lock,
+        tracker=tracker,
+        hooks=hooks,
+    )
+
+
+async def _run(cfg, wiring, learner, engine, placement, tracker, start, out) -> TrainResult:
     evals: list[float] = []
 
     async def evaluate(step: int) -> None:
@@ -134,14 +162,11 @@ async def _run(cfg, wiring, learner, engine, placement, tracker, start, out) -> 
             await evaluate(step)
 
     await evaluate(0)
-    loop = TrainingLoop(
+    loop = build_loop(
+        cfg,
+        wiring,
         learner,
-        WeightPublisher(engine),
-        orchestrator,
-        queue,
-        cfg.learner,
-        groups_per_step=gps,
-        admission=admission,
+        engine,
         device_lock=placement.device_lock,
         tracker=tracker,
         hooks=(eval_hook,),
