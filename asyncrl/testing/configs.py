@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 from asyncrl.config import ModelConfig, RunConfig, from_dict, load_config
 
 MICRO_OVERRIDES: tuple[str, ...] = (
@@ -28,7 +26,3 @@ def micro_config(*overrides: str) -> RunConfig:
 
 def model_config(preset: str = "micro", **fields: object) -> ModelConfig:
     return from_dict(ModelConfig, {"preset": preset, **fields})
-
-
-def config_with(path: str, overrides: Sequence[str] = ()) -> RunConfig:
-    return load_config(path, overrides)

@@ -1,0 +1,1 @@
+"""Held-out evaluation (and, with issue 8, the gate decision): pure reductions over episodes."""

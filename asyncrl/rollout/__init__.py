@@ -1,0 +1,1 @@
+"""Episodes, the orchestrator and the group queue. Knows nothing of the learner."""
