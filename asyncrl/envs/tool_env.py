@@ -8,6 +8,7 @@ episode as invalid_action ("terminate"), as configured.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 
 from asyncrl.config.rollout import MalformedToolCall
@@ -47,8 +48,6 @@ class ToolEnvironment:
         user = Message(role=Role.USER, content=task.prompt)
         if not self._describe:
             return (user,)
-        import json
-
         tools = "\n".join(json.dumps(t) for t in self.executor.describe())
         system = (
             "You may call one or more functions to assist with the user query.\n"

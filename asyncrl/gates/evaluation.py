@@ -17,7 +17,7 @@ from asyncrl.envs.base import Environment, Task
 from asyncrl.rollout.episode import Episode, EpisodeLimits, EpisodeSpec
 from asyncrl.rollout.orchestrator import member_seed
 from asyncrl.sampling.protocol import RolloutEngine
-from asyncrl.types import SamplingParams, Trajectory, TrajectoryStatus
+from asyncrl.types import SamplingParams, Trajectory
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -78,7 +78,3 @@ def summarize(tasks: Sequence[Task], results: Sequence[Sequence[Trajectory]]) ->
         mean_turns=sum(t.turns for t in flat) / n,
         mean_sampled_tokens=sum(sum(t.loss_mask) for t in flat) / n,
     )
-
-
-def status_rate(summary: EvalSummary, status: TrajectoryStatus) -> float:
-    return dict(summary.statuses).get(status.value, 0) / max(summary.episodes, 1)

@@ -10,7 +10,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
@@ -22,7 +21,7 @@ from asyncrl.learner.losses import LossSettings
 from asyncrl.learner.optimizer import make_optimizer
 from asyncrl.learner.step import TrainState, init_state, make_rl_step, make_sft_step
 from asyncrl.model import Transformer
-from asyncrl.model.sharding import shard_model
+from asyncrl.model.sharding import copy_state, shard_model
 from asyncrl.types import Group, Trajectory
 
 
@@ -61,8 +60,8 @@ class Learner:
                 beta2=cfg.beta2,
                 grad_clip=cfg.grad_clip,
             )
-        self.state: TrainState = init_state(_copy(params), tx)
-        self.reference = _copy(params) if cfg.kl_coef > 0 and not sft else None
+        self.state: TrainState = init_state(copy_state(params), tx)
+        self.reference = copy_state(params) if cfg.kl_coef > 0 and not sft else None
         self._rl_step = make_rl_step(
             self.graphdef, self.rest, tx, self.schedule, LossSettings.of(cfg)
         )
@@ -103,7 +102,7 @@ class Learner:
         return {k: float(v) for k, v in metrics.items()}
 
     def params_copy(self) -> nnx.State:
-        return _copy(self.state.params)
+        return copy_state(self.state.params)
 
     def model(self) -> Transformer:
         """A model with the current parameters (a copy: safe across later steps)."""
@@ -113,7 +112,3 @@ class Learner:
         if self.mesh is None:
             return batch
         return jax.device_put(batch, NamedSharding(self.mesh, PartitionSpec()))
-
-
-def _copy(tree):
-    return jax.tree.map(lambda x: jnp.array(x, copy=True), tree)

@@ -1,7 +1,7 @@
 """The `Tracker` seam for scalar metrics, and the JSONL tracker every run writes.
 
 A record is (step, wall time, name → number). JSONL is always written (it is what plots, the gate
-and the report read); other trackers (TensorBoard) can be stacked with `Trackers`.
+and the report read); other trackers (TensorBoard) implement the same protocol.
 """
 
 from __future__ import annotations
@@ -50,19 +50,6 @@ class JsonlTracker:
 
     def close(self) -> None:
         self._file.close()
-
-
-class Trackers:
-    def __init__(self, *trackers: Tracker) -> None:
-        self.trackers = trackers
-
-    def log(self, step: int, metrics: Mapping[str, float], *, kind: str = "train") -> None:
-        for t in self.trackers:
-            t.log(step, metrics, kind=kind)
-
-    def close(self) -> None:
-        for t in self.trackers:
-            t.close()
 
 
 def read_jsonl(path: Path, kind: str | None = None) -> list[dict[str, object]]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
@@ -73,6 +74,17 @@ def state_shardings(model: nnx.Module, mesh: Mesh, rules=DEFAULT_RULES) -> nnx.S
 
     state = nnx.state(model)
     return jax.tree.map(one, state, is_leaf=lambda x: isinstance(x, nnx.Variable))
+
+
+def copy_state(state, placement: jax.sharding.Sharding | None = None):
+    """A fresh copy of a state pytree (optionally moved to `placement`) that nobody else owns.
+
+    The learner donates its state to each step and the engine keeps what was published, so
+    neither may hold the other's buffers.
+    """
+    if placement is not None:
+        state = jax.device_put(state, placement)
+    return jax.tree.map(lambda x: jnp.array(x, copy=True), state)
 
 
 def shard_model(model: nnx.Module, mesh: Mesh, rules=DEFAULT_RULES) -> None:

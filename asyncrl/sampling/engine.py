@@ -35,6 +35,7 @@ from flax import nnx
 
 from asyncrl.config import RolloutConfig
 from asyncrl.model import Transformer, init_cache
+from asyncrl.model.sharding import copy_state
 from asyncrl.sampling.host_arrays import PrefillBatch, RowArrays, key_data
 from asyncrl.sampling.protocol import EngineClosed, PromptTooLong
 from asyncrl.sampling.slots import Slot, SlotTable
@@ -86,7 +87,7 @@ class Engine:
         self._device_lock = device_lock or contextlib.nullcontext()
         # Parameters are what a publish replaces; the rest (RoPE tables) stays the engine's own.
         self._graphdef, params, rest = nnx.split(model, nnx.Param, ...)
-        self._state = (_own_copy(params, placement), _own_copy(rest, placement))
+        self._state = (copy_state(params, placement), copy_state(rest, placement))
         self._version = version
         self._slots = SlotTable(cfg.engine_slots)
         self._buckets = tuple(b for b in cfg.prefill_buckets if b <= max_len) or (max_len,)
@@ -161,7 +162,7 @@ class Engine:
 
         The engine keeps its own copy, on its own devices.
         """
-        owned = _own_copy(params, self._placement)
+        owned = copy_state(params, self._placement)
         with self._cv:
             self._pending_publish = (owned, version)
             self._cv.notify()
@@ -481,10 +482,3 @@ def _call_soon(loop: asyncio.AbstractEventLoop, fn: Callable[[], None]) -> None:
     # A closed caller loop means nobody is waiting for the result any more.
     with contextlib.suppress(RuntimeError):
         loop.call_soon_threadsafe(fn)
-
-
-def _own_copy(state: nnx.State, placement: jax.sharding.Sharding | None = None) -> nnx.State:
-    """A copy of the parameters, on the engine's devices, that nobody else can donate."""
-    if placement is not None:
-        state = jax.device_put(state, placement)
-    return jax.tree.map(lambda x: jnp.array(x, copy=True), state)

@@ -29,7 +29,7 @@ class ToolExecutor:
         self.tools = {t.name: t for t in tools}
         self.timeout_s = timeout_s
         self.output_chars = output_chars
-        # Per-tool concurrency limits, shared by every episode's executor (rollout/resources.py):
+        # Per-tool concurrency limits (name -> semaphore), shared by every episode's executor:
         # a slow judge or sandbox pool must not take every episode.
         self._limits = dict(limits or {})
 
