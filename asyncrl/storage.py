@@ -91,3 +91,37 @@ def list_names(uri: str) -> list[str]:
         return sorted(names + [p[len(prefix) :].rstrip("/") for p in blobs.prefixes])
     directory = Path(uri)
     return sorted(p.name for p in directory.iterdir()) if directory.is_dir() else []
+
+
+def upload_tree(local_dir: Path, uri: str) -> list[str]:
+    """Copy every file under `local_dir` to `uri/<relative path>`; returns the relative paths."""
+    names = sorted(str(p.relative_to(local_dir)) for p in local_dir.rglob("*") if p.is_file())
+    for name in names:
+        write_bytes(join(uri, name), (local_dir / name).read_bytes())
+    return names
+
+
+def download_tree(uri: str, local_dir: Path) -> list[str]:
+    """Copy every object under the gs:// prefix `uri` into `local_dir`; returns relative paths."""
+    bucket, path = split_gcs(uri)
+    prefix = f"{path}/" if path else ""
+    names = []
+    for blob in _client().list_blobs(bucket, prefix=prefix):
+        name = blob.name[len(prefix) :]
+        target = local_dir / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        blob.download_to_filename(str(target))
+        names.append(name)
+    return sorted(names)
+
+
+def delete_tree(uri: str) -> None:
+    """Delete every object under a gs:// prefix (a local directory tree for a local path)."""
+    if is_gcs(uri):
+        bucket, path = split_gcs(uri)
+        for blob in _client().list_blobs(bucket, prefix=f"{path}/"):
+            blob.delete()
+        return
+    import shutil
+
+    shutil.rmtree(uri, ignore_errors=True)

@@ -72,6 +72,10 @@ class LearnerConfig:
     # The first this many SFT steps train only on content tokens (tool argument values, answers);
     # see envs/demonstrations.py for why.
     sft_content_steps: int = 0
+    # Share of demonstrations that use the tools; the others answer at once with the unaided
+    # teacher's guess (mixed-quality demonstrations: a warm start that uses tools only sometimes,
+    # which is the behaviour agentic RL has to turn into reliable tool use).
+    sft_tool_fraction: float = 1.0
 
     def __post_init__(self) -> None:
         for name in (
@@ -88,6 +92,12 @@ class LearnerConfig:
             require(value >= 0, name, value, "an integer >= 0")
         require(self.lr > 0, "lr", self.lr, "a number > 0")
         require(self.sft_lr > 0, "sft_lr", self.sft_lr, "a number > 0")
+        require(
+            0 <= self.sft_tool_fraction <= 1,
+            "sft_tool_fraction",
+            self.sft_tool_fraction,
+            "a number in [0, 1]",
+        )
         require(self.weight_decay >= 0, "weight_decay", self.weight_decay, "a number >= 0")
         require(0 <= self.beta1 < 1, "beta1", self.beta1, "a number in [0, 1)")
         require(0 <= self.beta2 < 1, "beta2", self.beta2, "a number in [0, 1)")

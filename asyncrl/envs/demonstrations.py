@@ -1,5 +1,10 @@
 """Expert demonstrations of the built-in task families, as trajectories for the SFT warm start.
 
+With `tool_fraction` < 1 only that share of tasks (a fixed draw per task) gets the expert's
+demonstration; the others get an unaided teacher's immediate guess, which is usually wrong. A
+model warm-started on such mixed-quality data uses the tools only some of the time: the gap that
+agentic RL closes (reward comes from the tools' exact results).
+
 A demonstration is the conversation a correct agent would have: its tool calls, the tools' real
 outputs (the same tools the environment runs), and the final answer, rendered by the chat format
 with the loss mask on the assistant's tokens. Nothing is re-tokenized later: the trajectory's
@@ -14,7 +19,9 @@ and not within 400 when the surrounding JSON is trained from the start).
 
 from __future__ import annotations
 
+import hashlib
 import json
+import re
 from collections.abc import Iterable
 
 from asyncrl.envs.base import Task
@@ -58,6 +65,29 @@ def expert_messages(task: Task) -> list[Message]:
     raise ValueError(f"no expert for task family {task.family!r}")
 
 
+def guess(task: Task) -> str:
+    """An unaided teacher's answer: the calculation done roughly, or a typical sum of prices."""
+    if task.family == "calculator":
+        a, op, b = re.match(r"(\d+)([*+])(\d+)", task.prompt).groups()
+        rough = round(int(b), -1)
+        return str(int(a) * rough if op == "*" else int(a) + rough)
+    return "100"
+
+
+def direct_messages(task: Task) -> list[Message]:
+    """The messages of an episode that answers at once, without tools (usually wrong)."""
+    return [
+        Message(role=Role.USER, content=task.prompt),
+        Message(role=Role.ASSISTANT, content=guess(task)),
+    ]
+
+
+def uses_tools(task: Task, tool_fraction: float) -> bool:
+    """Whether the demonstration of `task` uses the tools: a fixed draw per task id."""
+    digest = hashlib.sha256(f"tools/{task.id}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64 < tool_fraction
+
+
 def content_values(message: Message) -> list[str]:
     """The strings of an assistant message that carry content: argument values and the answer."""
     values = [message.content] if message.content else []
@@ -93,8 +123,11 @@ def _content_mask(conv: Conversation, messages: list[Message]) -> list[int]:
     return mask
 
 
-def demonstration(task: Task, fmt: ChatFormat, content_only: bool = False) -> Trajectory:
-    messages = expert_messages(task)
+def demonstration(
+    task: Task, fmt: ChatFormat, content_only: bool = False, tool_fraction: float = 1.0
+) -> Trajectory:
+    expert = uses_tools(task, tool_fraction)
+    messages = expert_messages(task) if expert else direct_messages(task)
     conv = Conversation.of(fmt, messages)
     mask = _content_mask(conv, messages) if content_only else conv.mask
     return Trajectory(
@@ -105,12 +138,12 @@ def demonstration(task: Task, fmt: ChatFormat, content_only: bool = False) -> Tr
         loss_mask=tuple(mask),
         logprobs=tuple(conv.logprobs),
         versions=tuple(conv.versions),
-        reward=1.0,
-        turns=sum(m.role == Role.ASSISTANT for m in expert_messages(task)),
+        reward=1.0 if expert else float(guess(task) == task.answer),
+        turns=sum(m.role == Role.ASSISTANT for m in messages),
     )
 
 
 def demonstrations(
-    tasks: Iterable[Task], fmt: ChatFormat, content_only: bool = False
+    tasks: Iterable[Task], fmt: ChatFormat, content_only: bool = False, tool_fraction: float = 1.0
 ) -> list[Trajectory]:
-    return [demonstration(t, fmt, content_only) for t in tasks]
+    return [demonstration(t, fmt, content_only, tool_fraction) for t in tasks]

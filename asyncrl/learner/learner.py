@@ -14,6 +14,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from asyncrl.checkpoint import faults
 from asyncrl.config.learner import LearnerConfig
 from asyncrl.learner.advantages import group_advantages
 from asyncrl.learner.batching import TrainBatch, build_batch
@@ -95,6 +96,7 @@ class Learner:
 
     def rl_step(self, batch: TrainBatch) -> dict[str, float]:
         self.state, metrics = self._rl_step(self.state, self._place(batch), self.reference)
+        faults.point(faults.Phase.TRAIN, self.step)  # dispatched, not finished
         return {k: float(v) for k, v in metrics.items()}
 
     def sft_step(self, batch: TrainBatch) -> dict[str, float]:

@@ -13,18 +13,21 @@ every step, admission admits exactly one batch per version, which is the synchro
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 
+from asyncrl.checkpoint import faults
 from asyncrl.config.learner import LearnerConfig
 from asyncrl.envs.base import Task
 from asyncrl.learner.learner import Learner
 from asyncrl.metrics.tracker import NullTracker, Tracker
+from asyncrl.rollout.cursor import DataCursor
 from asyncrl.rollout.groups import GroupQueue
-from asyncrl.rollout.orchestrator import Orchestrator
+from asyncrl.rollout.orchestrator import NumberedTask, Orchestrator
 from asyncrl.sync.publisher import WeightPublisher
 from asyncrl.types import Group
 
@@ -75,6 +78,32 @@ class LoopStats:
     train_seconds: float = 0.0
     wait_seconds: float = 0.0  # learner idle, waiting for groups
 
+    def counters(self) -> dict[str, float]:
+        """The totals a checkpoint keeps (lags as a histogram: lag -> trajectories)."""
+        histogram = collections.Counter(self.lags)
+        return {
+            "steps": self.steps,
+            "groups_trained": self.groups_trained,
+            "groups_dropped_stale": self.groups_dropped_stale,
+            "train_seconds": self.train_seconds,
+            "wait_seconds": self.wait_seconds,
+            **{f"lag/{lag}": n for lag, n in sorted(histogram.items())},
+        }
+
+    @classmethod
+    def from_counters(cls, counters: dict[str, float]) -> LoopStats:
+        lags = [
+            int(k[4:]) for k, n in counters.items() if k.startswith("lag/") for _ in range(int(n))
+        ]
+        return cls(
+            steps=int(counters.get("steps", 0)),
+            groups_trained=int(counters.get("groups_trained", 0)),
+            groups_dropped_stale=int(counters.get("groups_dropped_stale", 0)),
+            lags=lags,
+            train_seconds=float(counters.get("train_seconds", 0.0)),
+            wait_seconds=float(counters.get("wait_seconds", 0.0)),
+        )
+
 
 class TrainingLoop:
     def __init__(
@@ -90,23 +119,30 @@ class TrainingLoop:
         device_lock: threading.Lock | None = None,
         tracker: Tracker | None = None,
         hooks: tuple[Hook, ...] = (),
+        cursor: DataCursor | None = None,
+        stats: LoopStats | None = None,
     ) -> None:
         self.learner, self.publisher, self.orchestrator = learner, publisher, orchestrator
+        self.cursor = cursor or DataCursor()
         self.queue, self.cfg = queue, cfg
         self.groups_per_step = groups_per_step
         self.admission = admission
         self.device_lock = device_lock
         self.tracker = tracker or NullTracker()
         self.hooks = hooks
-        self.stats = LoopStats()
+        self.stats = stats or LoopStats()
         self._start = time.monotonic()
+        self._failed_seen = 0
 
     @property
     def version(self) -> int:
         return self.publisher.version
 
-    async def run(self, tasks: Iterator[Task], steps: int, deadline_s: float = 0.0) -> LoopStats:
-        """Train for `steps` optimizer steps (or until `deadline_s` seconds, when > 0)."""
+    async def run(
+        self, tasks: Iterator[Task] | Iterator[NumberedTask], steps: int, deadline_s: float = 0.0
+    ) -> LoopStats:
+        """Train until the learner has taken `steps` optimizer steps (or `deadline_s` seconds)."""
+        steps = max(steps - self.learner.step, 0)  # a restored learner continues its count
         if self.cfg.mode == "sync":
             return await self._run_sync(tasks, steps, deadline_s)
         producer = asyncio.create_task(self.orchestrator.run(tasks))
@@ -155,9 +191,11 @@ class TrainingLoop:
                     raise producer.exception()
                 return None  # the task stream ran out
             group = getter.result()
+            faults.point(faults.Phase.ROLLOUT, self.learner.step + 1)  # a step's groups half in
             oldest = group.version_span[0]
             if oldest >= 0 and self.version - oldest > self.cfg.max_staleness:
                 self.stats.groups_dropped_stale += 1
+                self.cursor.finish(_group_number(group.group_id), trained=False)
                 if self.admission is not None:
                     self.admission.forgive()
                 continue
@@ -173,6 +211,9 @@ class TrainingLoop:
         self.stats.train_seconds += time.monotonic() - t0
         self.stats.steps += 1
         self.stats.groups_trained += len(groups)
+        for g in groups:
+            self.cursor.finish(_group_number(g.group_id), trained=True)
+        self.reconcile_failed()
         lags = [
             self.version - min(t.sampled_versions)
             for g in groups
@@ -197,6 +238,13 @@ class TrainingLoop:
         self.tracker.log(step, metrics)
         for hook in self.hooks:
             await hook(step, self)
+
+    def reconcile_failed(self) -> None:
+        """Groups the queue dropped for failed members are finished (not trained) in the cursor."""
+        dropped = self.queue.dropped
+        for group_id in dropped[self._failed_seen :]:
+            self.cursor.finish(_group_number(group_id), trained=False)
+        self._failed_seen = len(dropped)
 
     def _step_locked(self, batch):
         lock = self.device_lock or contextlib.nullcontext()

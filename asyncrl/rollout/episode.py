@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 from asyncrl.agents import Agent
 from asyncrl.envs.base import Environment, Task
 from asyncrl.sampling.protocol import EngineClosed, RolloutEngine
+from asyncrl.tools.context import EpisodeContext, enter_episode
 from asyncrl.types import (
     FinishReason,
     GenerateRequest,
@@ -41,6 +42,7 @@ class EpisodeSpec:
     task: Task
     sampling: SamplingParams  # per turn; max_tokens is capped by the remaining budgets
     attempt: int = 0
+    replay: bool = False  # re-issued after a restore (tools see it with the idempotency key)
 
 
 class Episode:
@@ -63,6 +65,7 @@ class Episode:
 
     async def run(self) -> Trajectory:
         """Run to the end; raises only CancelledError (after closing the environment)."""
+        enter_episode(EpisodeContext(self.spec.episode_id, self.spec.replay))
         try:
             async with asyncio.timeout(self.limits.timeout_s):
                 status = await self._loop()

@@ -19,10 +19,13 @@ from typing import Protocol
 
 from asyncrl.agents import Agent
 from asyncrl.envs.base import Environment, Task
+from asyncrl.rollout.cursor import DataCursor
 from asyncrl.rollout.episode import Episode, EpisodeLimits, EpisodeSpec
 from asyncrl.rollout.groups import GroupQueue
 from asyncrl.sampling.protocol import RolloutEngine
 from asyncrl.types import SamplingParams, Trajectory, TrajectoryStatus
+
+NumberedTask = tuple[int, Task, bool]  # (group number, task, replay)
 
 
 class Admission(Protocol):
@@ -56,9 +59,11 @@ class Orchestrator:
         make_env: Callable[[Task], Environment],
         make_agent: Callable[[], Agent],
         admission: Admission | None = None,
+        cursor: DataCursor | None = None,
     ) -> None:
         self.engine, self.queue, self.settings = engine, queue, settings
         self.make_env, self.make_agent, self.admission = make_env, make_agent, admission
+        self.cursor = cursor
         self._free = asyncio.Semaphore(settings.max_concurrency)
         self._running: set[asyncio.Task] = set()
         self._stopping = False
@@ -71,40 +76,50 @@ class Orchestrator:
     def active(self) -> int:
         return len(self._running)
 
-    async def run(self, tasks: Iterable[Task]) -> None:
-        """Start groups for `tasks` until they run out or `stop()`; wait for running episodes."""
+    async def run(self, tasks: Iterable[Task] | Iterable[NumberedTask]) -> None:
+        """Start groups for `tasks` until they run out or `stop()`; wait for running episodes.
+
+        Items are tasks (numbered in start order) or `(number, task, replay)` from a `DataCursor`:
+        the number names the group, so a re-issued group keeps its id and its sampling seeds.
+        """
         try:
-            for task in tasks:
+            for item in tasks:
                 if self._stopping:
                     break
                 if self.admission is not None:
                     await self.admission.wait()
                 if self._stopping:
                     break
-                await self._start_group(task)
+                if isinstance(item, tuple):
+                    n, task, replay = item
+                else:
+                    n, task, replay = self.groups_started, item, False
+                await self._start_group(n, task, replay)
             await self.drain()
         except asyncio.CancelledError:
             await self.cancel()
             raise
 
-    async def _start_group(self, task: Task) -> None:
-        group_id = f"{task.id}@{self.groups_started}"
+    async def _start_group(self, n: int, task: Task, replay: bool) -> None:
+        group_id = f"{task.id}@{n}"
         self.groups_started += 1
         self.queue.open(group_id, task.id)
+        if self.cursor is not None:
+            self.cursor.issue(n)
         for member in range(self.settings.group_size):
             await self._free.acquire()
             if self._stopping:  # stopped while waiting for a slot: start nothing more
                 self._free.release()
                 return
-            job = asyncio.create_task(self._member(task, group_id, member), name=group_id)
+            job = asyncio.create_task(self._member(task, group_id, member, replay), name=group_id)
             self._running.add(job)
             job.add_done_callback(self._running.discard)
 
-    async def _member(self, task: Task, group_id: str, member: int) -> None:
+    async def _member(self, task: Task, group_id: str, member: int, replay: bool) -> None:
         try:
             attempt = 0
             while True:
-                trajectory = await self._episode(task, group_id, member, attempt)
+                trajectory = await self._episode(task, group_id, member, attempt, replay)
                 self.status_counts[trajectory.status] += 1
                 self.finished.append(trajectory)
                 if not self.queue.should_retry(trajectory, attempt):
@@ -115,7 +130,9 @@ class Orchestrator:
         finally:
             self._free.release()
 
-    async def _episode(self, task: Task, group_id: str, member: int, attempt: int) -> Trajectory:
+    async def _episode(
+        self, task: Task, group_id: str, member: int, attempt: int, replay: bool
+    ) -> Trajectory:
         s = self.settings
         seed = member_seed(s.seed, group_id, member, attempt)
         spec = EpisodeSpec(
@@ -124,6 +141,7 @@ class Orchestrator:
             task=task,
             sampling=replace(s.sampling, seed=seed),
             attempt=attempt,
+            replay=replay,
         )
         episode = Episode(spec, self.engine, self.make_agent(), self.make_env(task), s.limits)
         try:

@@ -17,11 +17,17 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import jax
+import jax.numpy as jnp
+
+from asyncrl.checkpoint import faults
+from asyncrl.checkpoint.manager import Checkpointer, CheckpointError
+from asyncrl.checkpoint.pipeline_state import PipelineState, incompatibilities
 from asyncrl.config import RunConfig
 from asyncrl.envs.base import Task
 from asyncrl.envs.tasks import task_stream
 from asyncrl.learner.learner import Learner
-from asyncrl.learner.loop import StalenessAdmission, TrainingLoop
+from asyncrl.learner.loop import LoopStats, StalenessAdmission, TrainingLoop
 from asyncrl.metrics.plots import learning_curve
 from asyncrl.metrics.tracker import JsonlTracker
 from asyncrl.model import build_model
@@ -33,6 +39,7 @@ from asyncrl.stages.runtime import make_placement
 from asyncrl.sync.publisher import WeightPublisher
 
 RESULT_FILE = "train.json"
+RESUME_FILE = "resume.json"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -50,16 +57,56 @@ class TrainResult:
     curve: str
 
 
-def training_tasks(cfg: RunConfig) -> Iterator[Task]:
-    """Epoch after epoch over the training split, each epoch in its own seeded order."""
-    tasks = list(task_stream(cfg.env.tasks, "train", cfg.env.train_size, cfg.env.seed))
-    for epoch in itertools.count():
-        order = list(tasks)
-        random.Random(f"{cfg.seed}/{epoch}").shuffle(order)
-        yield from order
+class TaskStream:
+    """Epoch after epoch over the training split, each epoch in its own seeded order.
+
+    Task n is a pure function of the config (`at(n)`), so a restored data cursor can re-issue
+    group n and continue from any position.
+    """
+
+    def __init__(self, cfg: RunConfig) -> None:
+        self.tasks = list(task_stream(cfg.env.tasks, "train", cfg.env.train_size, cfg.env.seed))
+        self.seed = cfg.seed
+        self._epoch, self._order = -1, self.tasks
+
+    def at(self, n: int) -> Task:
+        epoch, i = divmod(n, len(self.tasks))
+        if epoch != self._epoch:
+            self._order = list(self.tasks)
+            random.Random(f"{self.seed}/{epoch}").shuffle(self._order)
+            self._epoch = epoch
+        return self._order[i]
+
+    def __iter__(self) -> Iterator[Task]:
+        return (self.at(n) for n in itertools.count())
+
+
+def training_tasks(cfg: RunConfig) -> TaskStream:
+    return TaskStream(cfg)
+
+
+def checkpoint_uri(cfg: RunConfig, run_dir: Path) -> str:
+    return cfg.checkpoint.dir or str(run_dir / "checkpoints")
+
+
+def resume(checkpointer: Checkpointer, learner: Learner, cfg: RunConfig) -> PipelineState:
+    """Restore the learner from the newest complete checkpoint; a fresh state when there is none."""
+    step = checkpointer.latest_step()
+    if step is None:
+        return PipelineState()
+    saved = checkpointer.read_pipeline(step)
+    diffs = incompatibilities(saved.get("config", {}), cfg.to_dict())
+    if diffs:
+        raise CheckpointError(
+            f"checkpoint step {step} at {checkpointer.uri} was made by an incompatible config:\n  "
+            + "\n  ".join(diffs)
+        )
+    learner.state, saved = checkpointer.restore(learner.state, step)
+    return PipelineState.from_json(saved)
 
 
 def train(cfg: RunConfig, run_dir: Path, init_model: str | None = None) -> TrainResult:
+    """Train (or resume, when the run's checkpoint location holds a complete checkpoint)."""
     start = time.monotonic()
     out = run_dir / "train"
     out.mkdir(parents=True, exist_ok=True)
@@ -70,16 +117,33 @@ def train(cfg: RunConfig, run_dir: Path, init_model: str | None = None) -> Train
     if source:
         hf.load_into(model, source)
     learner = Learner(model, cfg.learner, max_len=cfg.env.max_context, mesh=placement.train_mesh)
-    engine = wiring.engine(
-        learner.model(), placement=placement.engine_sharding, device_lock=placement.device_lock
+    checkpointer = Checkpointer(
+        checkpoint_uri(cfg, run_dir),
+        max_to_keep=cfg.checkpoint.max_to_keep,
+        async_save=cfg.checkpoint.async_save,
     )
-    tracker = JsonlTracker(out / "metrics.jsonl")
+    tracker = None
+    engine = None
     try:
+        state = resume(checkpointer, learner, cfg)
+        if learner.step:  # what was restored, for the recovery test and the operator
+            resumed = {"step": learner.step, "version": state.version, "digest": state.digest}
+            (out / RESUME_FILE).write_text(json.dumps(resumed) + "\n")
+        engine = wiring.engine(
+            learner.model(), placement=placement.engine_sharding, device_lock=placement.device_lock
+        )
+        if state.version:
+            engine.publish(learner.params_copy(), state.version)
+        tracker = JsonlTracker(out / "metrics.jsonl")
         engine.warmup()
-        result = asyncio.run(_run(cfg, wiring, learner, engine, placement, tracker, start, out))
+        run = _Run(cfg, wiring, learner, engine, placement, tracker, checkpointer, state)
+        result = asyncio.run(run.main(start, out))
     finally:
-        engine.close()
-        tracker.close()
+        if engine is not None:
+            engine.close()
+        if tracker is not None:
+            tracker.close()
+        checkpointer.close()
     hf.save(learner.model(), str(out / "model"))
     (out / RESULT_FILE).write_text(json.dumps(asdict(result), indent=2))
     return result
@@ -95,11 +159,14 @@ def build_loop(
     tracker=None,
     hooks=(),
     admission: bool | None = None,
+    state: PipelineState | None = None,
 ) -> TrainingLoop:
     """The queue, the staleness admission (async mode), the orchestrator and the training loop.
 
-    `admission` False turns the admission bound off (tests use it to force stale groups).
+    `admission` False turns the admission bound off (tests use it to force stale groups). A
+    restored `state` sets the policy version, the data cursor and the loop's counters.
     """
+    state = state or PipelineState()
     g = cfg.rollout.group_size
     gps = cfg.learner.batch_size // g
     queue = GroupQueue(
@@ -110,6 +177,8 @@ def build_loop(
     )
     wanted = cfg.learner.mode == "async" if admission is None else admission
     bound = StalenessAdmission(gps, cfg.learner.max_staleness) if wanted else None
+    if bound is not None:  # as if the trained groups had been admitted at their versions
+        bound.version, bound.started = state.version, len(state.cursor.trained)
     settings = OrchestratorSettings(
         group_size=g,
         max_concurrency=cfg.rollout.max_concurrency,
@@ -124,10 +193,11 @@ def build_loop(
         make_env=wiring.make_env,
         make_agent=wiring.make_agent,
         admission=bound,
+        cursor=state.cursor,
     )
     return TrainingLoop(
         learner,
-        WeightPublisher(engine),
+        WeightPublisher(engine, version=state.version),
         orchestrator,
         queue,
         cfg.learner,
@@ -136,58 +206,92 @@ def build_loop(
         device_lock=device_lock,
         tracker=tracker,
         hooks=hooks,
+        cursor=state.cursor,
+        stats=LoopStats.from_counters(state.counters),
     )
 
 
-async def _run(cfg, wiring, learner, engine, placement, tracker, start, out) -> TrainResult:
-    evals: list[float] = []
+class _Run:
+    """One training run's event-loop side: evaluation and checkpoint hooks around the loop."""
 
-    async def evaluate(step: int) -> None:
-        summary = await wiring.evaluate(engine, tag=f"eval{step}")
-        evals.append(summary.solve_rate)
-        tracker.log(
-            step,
-            {
-                "solve_rate": summary.solve_rate,
-                "mean_reward": summary.mean_reward,
-                "episodes": summary.episodes,
-                **{f"solve_rate/{f}": v for f, v in summary.by_family},
-                **{f"status/{s}": n for s, n in summary.statuses},
-            },
-            kind="eval",
+    def __init__(self, cfg, wiring, learner, engine, placement, tracker, checkpointer, state):
+        self.cfg, self.wiring, self.learner, self.engine = cfg, wiring, learner, engine
+        self.placement, self.tracker, self.checkpointer = placement, tracker, checkpointer
+        self.state: PipelineState = state
+        self.loop: TrainingLoop | None = None
+        self.saved_step = learner.step  # restored (or initial) state: nothing new to save
+
+    async def evaluate(self, step: int) -> None:
+        summary = await self.wiring.evaluate(self.engine, tag=f"eval{step}")
+        row = {
+            "solve_rate": summary.solve_rate,
+            "mean_reward": summary.mean_reward,
+            "episodes": summary.episodes,
+            **{f"solve_rate/{f}": v for f, v in summary.by_family},
+            **{f"status/{s}": n for s, n in summary.statuses},
+        }
+        self.state.evals.append({"step": step, **row})
+        self.tracker.log(step, row, kind="eval")
+
+    async def eval_hook(self, step: int, loop: TrainingLoop) -> None:
+        every = self.cfg.learner.eval_every
+        if every and step % every == 0:
+            await self.evaluate(step)
+
+    async def checkpoint_hook(self, step: int, loop: TrainingLoop) -> None:
+        every = self.cfg.checkpoint.every_steps
+        if every and step % every == 0:
+            self.save(loop)
+
+    def save(self, loop: TrainingLoop) -> None:
+        if self.saved_step == self.learner.step:
+            return
+        self.saved_step = self.learner.step
+        loop.reconcile_failed()
+        self.state.version = loop.version
+        self.state.cursor = loop.cursor
+        self.state.counters = loop.stats.counters()
+        # A copy: the next train step donates the learner's buffers while Orbax still writes.
+        snapshot = jax.tree.map(jnp.copy, self.learner.state)
+        self.checkpointer.save(snapshot, self.state.to_json(self.cfg))
+        faults.point(faults.Phase.CHECKPOINT, self.learner.step)  # Orbax writing in background
+
+    async def main(self, start: float, out: Path) -> TrainResult:
+        cfg = self.cfg
+        if not self.state.evals:
+            await self.evaluate(self.learner.step)
+        self.loop = loop = build_loop(
+            cfg,
+            self.wiring,
+            self.learner,
+            self.engine,
+            device_lock=self.placement.device_lock,
+            tracker=self.tracker,
+            hooks=(self.eval_hook, self.checkpoint_hook),
+            state=self.state,
         )
-
-    async def eval_hook(step: int, loop: TrainingLoop) -> None:
-        if cfg.learner.eval_every and step % cfg.learner.eval_every == 0:
-            await evaluate(step)
-
-    await evaluate(0)
-    loop = build_loop(
-        cfg,
-        wiring,
-        learner,
-        engine,
-        device_lock=placement.device_lock,
-        tracker=tracker,
-        hooks=(eval_hook,),
-    )
-    stats = await loop.run(training_tasks(cfg), cfg.learner.steps, cfg.learner.time_budget_s)
-    if not cfg.learner.eval_every or learner.step % cfg.learner.eval_every:
-        await evaluate(learner.step)
-    elapsed = time.monotonic() - start
-    curve = learning_curve(out / "metrics.jsonl", out / "learning_curve.png")
-    lags = stats.lags or [0]
-    return TrainResult(
-        model_dir=str(out / "model"),
-        steps=stats.steps,
-        seconds=round(elapsed, 2),
-        initial_solve_rate=evals[0],
-        final_solve_rate=evals[-1],
-        groups_trained=stats.groups_trained,
-        groups_dropped_stale=stats.groups_dropped_stale,
-        policy_lag_mean=sum(lags) / len(lags),
-        policy_lag_max=max(lags),
-        learner_idle_fraction=stats.wait_seconds
-        / max(stats.wait_seconds + stats.train_seconds, 1e-9),
-        curve=str(curve),
-    )
+        stream = training_tasks(cfg)
+        stats = await loop.run(
+            loop.cursor.numbered(stream.at), cfg.learner.steps, cfg.learner.time_budget_s
+        )
+        if self.state.evals[-1]["step"] != self.learner.step:
+            await self.evaluate(self.learner.step)
+        self.save(loop)
+        self.checkpointer.wait()
+        curve = learning_curve(out / "metrics.jsonl", out / "learning_curve.png")
+        lags = stats.lags or [0]
+        evals = self.state.evals
+        return TrainResult(
+            model_dir=str(out / "model"),
+            steps=self.learner.step,
+            seconds=round(time.monotonic() - start, 2),
+            initial_solve_rate=evals[0]["solve_rate"],
+            final_solve_rate=evals[-1]["solve_rate"],
+            groups_trained=stats.groups_trained,
+            groups_dropped_stale=stats.groups_dropped_stale,
+            policy_lag_mean=sum(lags) / len(lags),
+            policy_lag_max=max(lags),
+            learner_idle_fraction=stats.wait_seconds
+            / max(stats.wait_seconds + stats.train_seconds, 1e-9),
+            curve=str(curve),
+        )

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from flax import nnx
 
+from asyncrl.checkpoint import faults
 from asyncrl.sampling.protocol import RolloutEngine
 
 
@@ -32,5 +33,6 @@ class WeightPublisher:
         start = time.perf_counter()
         self.version += 1
         self.engine.publish(params, self.version)
+        faults.point(faults.Phase.PUBLISH, learner_step)  # handed over, not yet swapped in
         self.history.append(PublishRecord(self.version, learner_step, time.perf_counter() - start))
         return self.version

@@ -1,0 +1,234 @@
+"""Checkpoints: bit-exact round trips, atomic saves, resumption that equals no restart, GCS."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+from asyncrl.checkpoint.manager import Checkpointer, CheckpointError, digest, flatten
+from asyncrl.checkpoint.pipeline_state import PipelineState, incompatibilities
+from asyncrl.learner.learner import Learner
+from asyncrl.model import build_model
+from asyncrl.rollout.cursor import DataCursor
+from asyncrl.testing.configs import micro_config
+
+
+def _learner(cfg=None):
+    cfg = cfg or micro_config()
+    return Learner(build_model(cfg.model, seed=0), cfg.learner, max_len=cfg.env.max_context)
+
+
+def _stepped_state(learner):
+    """A state whose optimizer moments are non-zero (one SFT step on a fixed batch)."""
+    from asyncrl.types import Trajectory
+
+    tokens = tuple(range(3, 40))
+    traj = Trajectory(
+        id="t",
+        group_id="g",
+        task_id="x",
+        tokens=tokens,
+        loss_mask=(0,) + (1,) * (len(tokens) - 1),
+        logprobs=(0.0,) * len(tokens),
+        versions=(0,) * len(tokens),
+        reward=1.0,
+    )
+    learner.sft_step(learner.sft_batch([traj]))
+    return learner.state
+
+
+def _equal_bits(a, b) -> bool:
+    la, lb = jax.tree.leaves(a), jax.tree.leaves(b)
+    return len(la) == len(lb) and all(
+        np.asarray(x).dtype == np.asarray(y).dtype
+        and np.asarray(x).tobytes() == np.asarray(y).tobytes()
+        for x, y in zip(la, lb, strict=True)
+    )
+
+
+def test_save_restore_is_bit_identical(tmp_path):
+    learner = _learner()
+    state = _stepped_state(learner)
+    ckpt = Checkpointer(str(tmp_path / "ck"), max_to_keep=2)
+    ckpt.save(state, {"note": "x"})
+    ckpt.wait()
+    fresh = _learner()
+    restored, pipeline = ckpt.restore(fresh.state)
+    ckpt.close()
+    assert _equal_bits(restored, state)
+    assert pipeline["step"] == 1 and pipeline["note"] == "x"
+    assert pipeline["digest"] == digest(flatten(state))
+
+
+def test_max_to_keep_keeps_the_newest(tmp_path):
+    learner = _learner()
+    ckpt = Checkpointer(str(tmp_path / "ck"), max_to_keep=2, async_save=False)
+    for _ in range(3):
+        _stepped_state(learner)
+        ckpt.save(learner.state, {})
+    assert ckpt.steps() == [2, 3]
+    ckpt.close()
+
+
+KILLED_SAVE = textwrap.dedent(
+    """
+    import os, signal, sys
+    from asyncrl.checkpoint.manager import Checkpointer
+    from asyncrl.learner.learner import Learner
+    from asyncrl.model import build_model
+    from asyncrl.testing.configs import micro_config
+    sys.path.insert(0, os.path.dirname(sys.argv[2]))
+    from test_checkpoint import _stepped_state
+    cfg = micro_config()
+    learner = Learner(build_model(cfg.model, seed=0), cfg.learner, max_len=256)
+    ckpt = Checkpointer(sys.argv[1], max_to_keep=3)
+    ckpt.save(_stepped_state(learner), {"n": 1})
+    ckpt.wait()
+    ckpt.save(_stepped_state(learner), {"n": 2})  # in the background...
+    os.kill(os.getpid(), signal.SIGKILL)  # ...when the machine goes away
+    """
+)
+
+
+def test_a_killed_save_leaves_the_previous_checkpoint_restorable(tmp_path):
+    where = tmp_path / "ck"
+    proc = subprocess.run(
+        [sys.executable, "-c", KILLED_SAVE, str(where), __file__],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)},
+    )
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
+    ckpt = Checkpointer(str(where))
+    assert ckpt.steps() == [1]
+    restored, pipeline = ckpt.restore(_learner().state)
+    assert pipeline["n"] == 1 and int(restored.step) == 1
+    ckpt.close()
+    assert not [p for p in where.iterdir() if "tmp" in p.name]  # leftovers cleaned up
+
+
+def test_a_corrupted_checkpoint_is_a_clear_error(tmp_path):
+    learner = _learner()
+    ckpt = Checkpointer(str(tmp_path / "ck"), async_save=False)
+    ckpt.save(_stepped_state(learner), {})
+    data = sorted((tmp_path / "ck" / "1" / "train_state").rglob("d/*"))
+    assert data
+    for blob in data:  # flip bytes in the middle of every data file
+        raw = bytearray(blob.read_bytes())
+        for i in range(len(raw) // 3, len(raw) // 3 + 64):
+            raw[i] ^= 0xFF
+        blob.write_bytes(bytes(raw))
+    with pytest.raises(CheckpointError, match="step 1"):
+        ckpt.restore(_learner().state)
+    ckpt.close()
+
+
+def test_an_empty_location_is_a_clear_error(tmp_path):
+    ckpt = Checkpointer(str(tmp_path / "none"))
+    with pytest.raises(CheckpointError, match="no complete checkpoint"):
+        ckpt.restore(_learner().state)
+    ckpt.close()
+
+
+def test_incompatible_config_names_what_differs(tmp_path):
+    from asyncrl.stages.train import resume
+
+    cfg = micro_config()
+    learner = _learner(cfg)
+    ckpt = Checkpointer(str(tmp_path / "ck"), async_save=False)
+    ckpt.save(learner.state, PipelineState().to_json(cfg))
+    other = micro_config("rollout.group_size=2", "learner.steps=50")
+    diffs = incompatibilities(cfg.to_dict(), other.to_dict())
+    assert diffs == ["rollout.group_size: checkpoint 4, config 2"]  # steps may change
+    with pytest.raises(CheckpointError, match=r"rollout\.group_size: checkpoint 4, config 2"):
+        resume(ckpt, _learner(other), other)
+    bigger = micro_config("model.d_ff=256")
+    with pytest.raises(CheckpointError, match=r"model\.d_ff: checkpoint 128, config 256"):
+        resume(ckpt, _learner(bigger), bigger)
+    ckpt.close()
+
+
+def test_cursor_reissues_unfinished_groups_first_and_skips_none():
+    stream = [f"task{i}" for i in range(100)]
+    cursor = DataCursor()
+    numbered = cursor.numbered(lambda n: stream[n])
+    for _ in range(6):
+        n, _, replay = next(numbered)
+        assert not replay
+        cursor.issue(n)
+    for n in (0, 2, 3):
+        cursor.finish(n, trained=True)
+    cursor.finish(1, trained=False)  # stale
+    saved = json.loads(json.dumps(cursor.to_json()))
+    restored = DataCursor.from_json(saved)
+    again = restored.numbered(lambda n: stream[n])
+    first = [next(again) for _ in range(4)]
+    assert [(n, r) for n, _, r in first] == [(4, True), (5, True), (6, False), (7, False)]
+    assert restored.trained == [0, 2, 3] and restored.dropped == [1]
+
+
+def _resume_cfg(tmp_path, steps):
+    return micro_config(
+        "learner.mode=sync",
+        "learner.max_staleness=0",
+        f"learner.steps={steps}",
+        "learner.eval_every=0",
+        "env.heldout_size=1",
+        "env.train_size=8",
+        "checkpoint.every_steps=1",
+        "checkpoint.async_save=false",
+    )
+
+
+def _params(run_dir):
+    from asyncrl.model import hf_checkpoint as hf
+
+    cfg = micro_config()
+    model = build_model(cfg.model, seed=1)
+    hf.load_into(model, str(run_dir / "train" / "model"))
+    from flax import nnx
+
+    return nnx.state(model, nnx.Param)
+
+
+def test_restore_then_step_equals_no_restart(tmp_path):
+    """Sync mode, same seed: 2 steps straight == 1 step, stop, resume, 1 more step."""
+    from asyncrl.stages.train import train
+
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    train(_resume_cfg(tmp_path, 2), straight)
+    train(_resume_cfg(tmp_path, 1), split)
+    result = train(_resume_cfg(tmp_path, 2), split)  # resumes at step 1
+    assert json.loads((split / "train" / "resume.json").read_text())["step"] == 1
+    assert result.steps == 2
+    assert _equal_bits(_params(straight), _params(split))
+    ckpt = Checkpointer(str(split / "checkpoints"))
+    pipeline = ckpt.read_pipeline(2)
+    ckpt.close()
+    trained = pipeline["cursor"]["trained"]
+    assert sorted(trained) == list(range(4)) and len(set(trained)) == len(trained)
+
+
+def test_gcs_round_trip_and_uncommitted_steps_are_ignored(gcs_bucket):
+    from asyncrl import storage
+
+    uri = f"{gcs_bucket}/ckpt-roundtrip"
+    learner = _learner()
+    ckpt = Checkpointer(uri, max_to_keep=2)
+    state = _stepped_state(learner)
+    ckpt.save(state, {"where": "gcs"})
+    ckpt.close()
+    # An upload cut short: files of step 7 but no COMMIT object.
+    storage.write_bytes(f"{uri}/7/train_state/_METADATA", b"{}")
+    reader = Checkpointer(uri)
+    assert reader.steps() == [1]
+    restored, pipeline = reader.restore(_learner().state)
+    reader.close()
+    assert pipeline["where"] == "gcs" and _equal_bits(restored, state)
