@@ -71,6 +71,52 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run_dir(args: argparse.Namespace, cfg):
+    from pathlib import Path
+
+    from asyncrl.stages.run_dir import create_run_dir
+
+    if args.run_dir:
+        path = Path(args.run_dir)
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+    return create_run_dir(cfg)
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    """The train stage alone; resumes when the run folder holds a complete checkpoint."""
+    cfg = load_config(args.config, args.overrides)
+    from asyncrl.stages.runtime import ensure_host_devices
+
+    ensure_host_devices(cfg)
+    from asyncrl.checkpoint.manager import CheckpointError
+    from asyncrl.stages.train import train
+
+    run_dir = _run_dir(args, cfg)
+    try:
+        tr = train(cfg, run_dir, init_model=args.init_model)
+    except CheckpointError as e:
+        print(f"asyncrl: {e}", file=sys.stderr)
+        return 2
+    print(
+        f"train: {tr.steps} steps, held-out solve rate {100 * tr.initial_solve_rate:.1f}% -> "
+        f"{100 * tr.final_solve_rate:.1f}% ({run_dir}/train/)"
+    )
+    return 0
+
+
+def _cmd_recovery_test(args: argparse.Namespace) -> int:
+    """Kill a short training run at each risky phase, resume it, print the verdict table."""
+    cfg = load_config(args.config, args.overrides)
+    from asyncrl.stages.recovery_test import recovery_test, table
+
+    run_dir = _run_dir(args, cfg)
+    verdict = recovery_test(cfg, run_dir, init_model=args.init_model)
+    print(table(verdict))
+    print(f"verdict: {run_dir}/recovery_test/verdict.json")
+    return 0 if verdict.passed else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="asyncrl", description="Asynchronous agentic-RL post-training on JAX."
@@ -80,6 +126,16 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="run the main job locally with a config")
     _config_args(run)
     run.set_defaults(func=_cmd_run)
+
+    for name, func, text in (
+        ("train", _cmd_train, "run (or resume) the train stage alone"),
+        ("recovery-test", _cmd_recovery_test, "kill and resume a short run at each phase"),
+    ):
+        cmd = sub.add_parser(name, help=text)
+        _config_args(cmd)
+        cmd.add_argument("--run-dir", help="run folder (default: a new runs/<run-id>/)")
+        cmd.add_argument("--init-model", help="HF model folder to start from")
+        cmd.set_defaults(func=func)
 
     config = sub.add_parser("config", help="inspect configurations")
     config_sub = config.add_subparsers(dest="config_command", required=True)

@@ -232,3 +232,16 @@ def test_gcs_round_trip_and_uncommitted_steps_are_ignored(gcs_bucket):
     restored, pipeline = reader.restore(_learner().state)
     reader.close()
     assert pipeline["where"] == "gcs" and _equal_bits(restored, state)
+
+
+def test_recovery_test_passes_all_four_phases(tmp_path):
+    """SIGKILL during rollout, train step, publish and checkpoint write; resume each time."""
+    from asyncrl.stages.recovery_test import PLAN, recovery_test, table
+
+    cfg = micro_config("env.train_size=16", "learner.max_staleness=1")
+    verdict = recovery_test(cfg, tmp_path, progress=lambda _: None)
+    assert [p.phase for p in verdict.phases] == [phase.value for phase, _ in PLAN]
+    assert verdict.passed, table(verdict)
+    assert all(p.killed and p.bit_identical and p.cursor_ok for p in verdict.phases)
+    saved = json.loads((tmp_path / "recovery_test" / "verdict.json").read_text())
+    assert saved["passed"] and len(saved["phases"]) == 4

@@ -41,7 +41,6 @@ class PipelineState:
     cursor: DataCursor = field(default_factory=DataCursor)
     evals: list[dict[str, Any]] = field(default_factory=list)
     counters: dict[str, float] = field(default_factory=dict)
-    digest: str = ""  # of the arrays this state was saved with (set on restore)
 
     def to_json(self, cfg: RunConfig) -> dict[str, Any]:
         return {
@@ -64,7 +63,6 @@ class PipelineState:
             cursor=DataCursor.from_json(data["cursor"]),
             evals=list(data["evals"]),
             counters=dict(data["counters"]),
-            digest=str(data.get("digest", "")),
         )
 
 

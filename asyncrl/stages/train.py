@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 
 from asyncrl.checkpoint import faults
-from asyncrl.checkpoint.manager import Checkpointer, CheckpointError
+from asyncrl.checkpoint.manager import Checkpointer, CheckpointError, digest, flatten
 from asyncrl.checkpoint.pipeline_state import PipelineState, incompatibilities
 from asyncrl.config import RunConfig
 from asyncrl.envs.base import Task
@@ -127,7 +127,8 @@ def train(cfg: RunConfig, run_dir: Path, init_model: str | None = None) -> Train
     try:
         state = resume(checkpointer, learner, cfg)
         if learner.step:  # what was restored, for the recovery test and the operator
-            resumed = {"step": learner.step, "version": state.version, "digest": state.digest}
+            restored = digest(flatten(learner.state))  # computed afresh, not copied
+            resumed = {"step": learner.step, "version": state.version, "digest": restored}
             (out / RESUME_FILE).write_text(json.dumps(resumed) + "\n")
         engine = wiring.engine(
             learner.model(), placement=placement.engine_sharding, device_lock=placement.device_lock
