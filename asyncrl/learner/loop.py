@@ -20,6 +20,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 
+from asyncrl import tracing
 from asyncrl.checkpoint import faults
 from asyncrl.config.learner import LearnerConfig
 from asyncrl.envs.base import Task
@@ -29,6 +30,7 @@ from asyncrl.rollout.cursor import DataCursor
 from asyncrl.rollout.groups import GroupQueue
 from asyncrl.rollout.orchestrator import NumberedTask, Orchestrator
 from asyncrl.sync.publisher import WeightPublisher
+from asyncrl.tracing import flow_id
 from asyncrl.types import Group
 
 
@@ -196,6 +198,13 @@ class TrainingLoop:
             if oldest >= 0 and self.version - oldest > self.cfg.max_staleness:
                 self.stats.groups_dropped_stale += 1
                 self.cursor.finish(_group_number(group.group_id), trained=False)
+                tracer = tracing.get()
+                tracer.instant(
+                    tracer.track("groups"),
+                    "group dropped (stale)",
+                    {"group": group.group_id, "lag": self.version - oldest},
+                    ends=(flow_id(group.group_id),),
+                )
                 if self.admission is not None:
                     self.admission.forgive()
                 continue
@@ -207,7 +216,8 @@ class TrainingLoop:
         groups = sorted(groups, key=lambda g: _group_number(g.group_id))
         batch = self.learner.batch_from_groups(groups)
         t0 = time.monotonic()
-        metrics = await asyncio.to_thread(self._step_locked, batch)
+        flows = tuple(flow_id(g.group_id) for g in groups)
+        metrics = await asyncio.to_thread(self._step_locked, batch, flows)
         self.stats.train_seconds += time.monotonic() - t0
         self.stats.steps += 1
         self.stats.groups_trained += len(groups)
@@ -222,12 +232,19 @@ class TrainingLoop:
         ]
         self.stats.lags.extend(lags)
         step = self.learner.step
+        tracer = tracing.get()
+        tracer.counter("policy lag", sum(lags) / max(len(lags), 1))
         if step % self.cfg.sync_every == 0:
-            version = self.publisher.publish(self.learner.params_copy(), step)
+            with tracing.span("publisher", "publish", {"step": step}):
+                version = self.publisher.publish(self.learner.params_copy(), step)
             if self.admission is not None:
                 self.admission.advance(version)
         rewards = [t.reward for g in groups for t in g.trajectories]
+        occupancy = self.queue.stats()
         metrics.update(
+            ready_groups=float(occupancy.ready),
+            half_filled_groups=float(occupancy.half_filled),
+            active_episodes=float(self.orchestrator.active),
             reward=sum(rewards) / len(rewards),
             policy_lag_mean=sum(lags) / max(len(lags), 1),
             policy_lag_max=float(max(lags, default=0)),
@@ -246,10 +263,17 @@ class TrainingLoop:
             self.cursor.finish(_group_number(group_id), trained=False)
         self._failed_seen = len(dropped)
 
-    def _step_locked(self, batch):
+    def _step_locked(self, batch, flows=()):
         lock = self.device_lock or contextlib.nullcontext()
+        tracer = tracing.get()
+        track = tracer.track("learner")
         with lock:
-            return self.learner.rl_step(batch)
+            # rl_step returns host floats: the span ends when the step's arrays are ready.
+            tracer.begin(track, "train step", {"step": self.learner.step + 1, "groups": len(flows)})
+            try:
+                return self.learner.rl_step(batch)
+            finally:
+                tracer.end(track, ends=flows)
 
 
 def _group_number(group_id: str) -> int:

@@ -14,10 +14,12 @@ import contextlib
 import time
 from dataclasses import dataclass, replace
 
+from asyncrl import tracing
 from asyncrl.agents import Agent
 from asyncrl.envs.base import Environment, Task
 from asyncrl.sampling.protocol import EngineClosed, RolloutEngine
 from asyncrl.tools.context import EpisodeContext, enter_episode
+from asyncrl.tracing import flow_id
 from asyncrl.types import (
     FinishReason,
     GenerateRequest,
@@ -62,10 +64,23 @@ class Episode:
         self.times = {"model_s": 0.0, "env_s": 0.0}
         self._start = time.monotonic()
         self._closed = False
+        self._lane = 0
+        self._open_slices = 0  # slices open on the lane below the episode slice
 
     async def run(self) -> Trajectory:
         """Run to the end; raises only CancelledError (after closing the environment)."""
         enter_episode(EpisodeContext(self.spec.episode_id, self.spec.replay))
+        tracer = tracing.get()
+        self._lane = lane = tracer.acquire_lane()
+        tracer.begin(
+            lane,
+            "episode",
+            {
+                "episode": self.spec.episode_id,
+                "task": self.spec.task.id,
+                "replay": self.spec.replay,
+            },
+        )
         try:
             async with asyncio.timeout(self.limits.timeout_s):
                 status = await self._loop()
@@ -73,17 +88,31 @@ class Episode:
             status = TrajectoryStatus.TIMEOUT
         except asyncio.CancelledError:
             await self.close()
+            self._end_trace(TrajectoryStatus.CANCELLED)
             raise
         except EngineClosed:  # the run is shutting down under this episode
             status = TrajectoryStatus.CANCELLED
         except Exception:  # the environment or its reset raised: this episode's failure only
             status = TrajectoryStatus.ENV_ERROR
         await self.close()
+        self._end_trace(status)
         return self.trajectory(status)
+
+    def _end_trace(self, status: TrajectoryStatus) -> None:
+        """Close the open turn slices and the episode slice; its flow goes on to the group."""
+        tracer = tracing.get()
+        for _ in range(self._open_slices):
+            tracer.end(self._lane)
+        self._open_slices = 0
+        flows = () if status == TrajectoryStatus.CANCELLED else (flow_id(self.spec.episode_id),)
+        tracer.instant(self._lane, status.value)
+        tracer.end(self._lane, flows=flows)
+        tracer.release_lane(self._lane)
 
     async def _loop(self) -> TrajectoryStatus:
         t0 = time.monotonic()
-        messages = await self.env.reset(self.spec.task)
+        async with self._slice("environment reset"):
+            messages = await self.env.reset(self.spec.task)
         self.times["env_s"] += time.monotonic() - t0
         self.agent.start(messages)
         self.prompt_length = len(self.agent.conversation.tokens)
@@ -106,8 +135,10 @@ class Episode:
                 ),
                 session=self.spec.episode_id,
             )
+            self._begin("turn", {"turn": self.turns})
             t0 = time.monotonic()
-            completion = await self.engine.generate(request)
+            async with self._slice("model call"):
+                completion = await self.engine.generate(request)
             self.times["model_s"] += time.monotonic() - t0
             self.turns += 1
             action = self.agent.record(completion)
@@ -116,8 +147,11 @@ class Episode:
             if completion.finish_reason in (FinishReason.LENGTH, FinishReason.CONTEXT):
                 return TrajectoryStatus.TRUNCATED_TOKENS
             t0 = time.monotonic()
-            result = await self.env.step(action)
+            kind = "tool call" if action.tool_calls else "environment step"
+            async with self._slice(kind):
+                result = await self.env.step(action)
             self.times["env_s"] += time.monotonic() - t0
+            self._end()
             if result.done:
                 self.reward, self.reward_parts = result.reward, result.reward_parts
                 return result.status
@@ -125,6 +159,22 @@ class Episode:
             if len(self.agent.conversation.tokens) >= self.limits.max_context:
                 return TrajectoryStatus.TRUNCATED_TOKENS
         return TrajectoryStatus.TRUNCATED_STEPS
+
+    def _begin(self, name: str, args=None) -> None:
+        tracing.get().begin(self._lane, name, args)
+        self._open_slices += 1
+
+    def _end(self) -> None:
+        tracing.get().end(self._lane)
+        self._open_slices -= 1
+
+    @contextlib.asynccontextmanager
+    async def _slice(self, name: str):
+        """A nested slice on the episode's lane; left open if the block is interrupted (the
+        episode's end closes it, so begin/end stay balanced on every path)."""
+        self._begin(name)
+        yield
+        self._end()
 
     async def close(self) -> None:
         if self._closed:

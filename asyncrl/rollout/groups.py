@@ -15,7 +15,9 @@ import dataclasses
 import time
 from dataclasses import dataclass, field
 
+from asyncrl import tracing
 from asyncrl.config.rollout import FailurePolicy
+from asyncrl.tracing import flow_id
 from asyncrl.types import Group, Trajectory, TrajectoryStatus
 
 FAILED = frozenset(
@@ -82,9 +84,24 @@ class GroupQueue:
         if len(pending.members) < self.group_size:
             return None
         del self._open[trajectory.group_id]
+        tracer = tracing.get()
+        members = tuple(flow_id(t.id) for t in pending.members)
         if pending.failed and self.policy != "zero":
             self.dropped.append(trajectory.group_id)
+            tracer.instant(
+                tracer.track("groups"),
+                "group dropped (failed members)",
+                {"group": trajectory.group_id},
+                ends=members,
+            )
             return None
+        tracer.instant(
+            tracer.track("groups"),
+            "group complete",
+            {"group": trajectory.group_id},
+            flows=(flow_id(trajectory.group_id),),
+            ends=members,
+        )
         group = Group(
             group_id=trajectory.group_id,
             task_id=pending.task_id,

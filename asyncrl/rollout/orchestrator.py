@@ -17,12 +17,14 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from typing import Protocol
 
+from asyncrl import tracing
 from asyncrl.agents import Agent
 from asyncrl.envs.base import Environment, Task
 from asyncrl.rollout.cursor import DataCursor
 from asyncrl.rollout.episode import Episode, EpisodeLimits, EpisodeSpec
 from asyncrl.rollout.groups import GroupQueue
 from asyncrl.sampling.protocol import RolloutEngine
+from asyncrl.tracing import flow_id
 from asyncrl.types import SamplingParams, Trajectory, TrajectoryStatus
 
 NumberedTask = tuple[int, Task, bool]  # (group number, task, replay)
@@ -125,6 +127,8 @@ class Orchestrator:
                 if not self.queue.should_retry(trajectory, attempt):
                     await self.queue.put(trajectory)
                     return
+                tracer = tracing.get()  # the failed attempt's flow ends here
+                tracer.instant(tracer.track("rollout"), "retry", ends=(flow_id(trajectory.id),))
                 attempt += 1
                 self.retries += 1
         finally:

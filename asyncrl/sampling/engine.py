@@ -33,6 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from asyncrl import tracing
 from asyncrl.config import RolloutConfig
 from asyncrl.model import Transformer, init_cache
 from asyncrl.model.sharding import copy_state
@@ -116,6 +117,10 @@ class Engine:
         self._thread.start()
 
     # -- the caller's side (any event loop) --------------------------------------------------------
+    @property
+    def slots_in_use(self) -> int:
+        return len(self._live)
+
     @property
     def version(self) -> int:
         return self._version
@@ -202,7 +207,8 @@ class Engine:
                     admit = self._take_waiting()
                 with self._device_lock:
                     if publish is not None:
-                        self._apply_publish(*publish)
+                        with tracing.span("engine", "swap weights", {"version": publish[1]}):
+                            self._apply_publish(*publish)
                     self._reap()
                     if admit:
                         self._admit(admit)
@@ -243,6 +249,8 @@ class Engine:
             self._row_keys[slot.index] = live.key
             admitted.append(live)
         t0 = time.perf_counter()
+        tracer = tracing.get()
+        tracer.begin(tracer.track("engine"), "prefill", {"requests": len(admitted)})
         largest = self._buckets[-1]
         short = [x for x in admitted if len(x.request.prompt) - x.cached_tokens <= largest]
         wide = short if len(short) >= self._wide_threshold else []
@@ -250,6 +258,7 @@ class Engine:
         for live in admitted:
             if live not in firsts:
                 firsts[live] = self._prefill_row(live.slot, live.request.prompt, live.cached_tokens)
+        tracer.end(tracer.track("engine"))
         computed = sum(len(x.request.prompt) - x.cached_tokens for x in admitted)
         reused = sum(x.cached_tokens for x in admitted)
         self.stats.record_prefill(computed, reused, time.perf_counter() - t0)
@@ -347,7 +356,12 @@ class Engine:
         window = self._windows[bisect.bisect_left(self._windows, longest)]
         sort = bool(np.any(active & ((self._row_params.top_k > 0) | (self._row_params.top_p < 1))))
         t0 = time.perf_counter()
-        tok, logp, raw = self._decode(window, sort, active)
+        tracer = tracing.get()
+        tracer.begin(
+            tracer.track("engine"), "decode", {"rows": int(active.sum()), "window": window}
+        )
+        tok, logp, raw = self._decode(window, sort, active)  # host arrays: the step is done
+        tracer.end(tracer.track("engine"))
         self.stats.record_step(int(active.sum()), time.perf_counter() - t0)
         for i, live in list(self._live.items()):
             self._row_pos[i] += 1

@@ -20,6 +20,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 
+from asyncrl import tracing
 from asyncrl.checkpoint import faults
 from asyncrl.checkpoint.manager import Checkpointer, CheckpointError, digest, flatten
 from asyncrl.checkpoint.pipeline_state import PipelineState, incompatibilities
@@ -37,9 +38,11 @@ from asyncrl.rollout.orchestrator import Orchestrator, OrchestratorSettings
 from asyncrl.stages.common import Wiring
 from asyncrl.stages.runtime import make_placement
 from asyncrl.sync.publisher import WeightPublisher
+from asyncrl.tracing.counters import CounterSampler
 
 RESULT_FILE = "train.json"
 RESUME_FILE = "resume.json"
+TRACE_FILE = "trace.perfetto-trace"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -137,8 +140,14 @@ def train(cfg: RunConfig, run_dir: Path, init_model: str | None = None) -> Train
             engine.publish(learner.params_copy(), state.version)
         tracker = JsonlTracker(out / "metrics.jsonl")
         engine.warmup()
+        tracer = (
+            tracing.PerfettoTracer(out / TRACE_FILE, chunk_events=cfg.tracing.chunk_events)
+            if cfg.tracing.enabled
+            else tracing.NullTracer()
+        )
         run = _Run(cfg, wiring, learner, engine, placement, tracker, checkpointer, state)
-        result = asyncio.run(run.main(start, out))
+        with tracing.tracing(tracer):
+            result = asyncio.run(run.main(start, out))
     finally:
         if engine is not None:
             engine.close()
@@ -223,7 +232,8 @@ class _Run:
         self.saved_step = learner.step  # restored (or initial) state: nothing new to save
 
     async def evaluate(self, step: int) -> None:
-        summary = await self.wiring.evaluate(self.engine, tag=f"eval{step}")
+        with tracing.span("rollout", "held-out evaluation", {"step": step}):
+            summary = await self.wiring.evaluate(self.engine, tag=f"eval{step}")
         row = {
             "solve_rate": summary.solve_rate,
             "mean_reward": summary.mean_reward,
@@ -253,8 +263,9 @@ class _Run:
         self.state.cursor = loop.cursor
         self.state.counters = loop.stats.counters()
         # A copy: the next train step donates the learner's buffers while Orbax still writes.
-        snapshot = jax.tree.map(jnp.copy, self.learner.state)
-        self.checkpointer.save(snapshot, self.state.to_json(self.cfg))
+        with tracing.span("checkpointer", "checkpoint save", {"step": self.learner.step}):
+            snapshot = jax.tree.map(jnp.copy, self.learner.state)
+            self.checkpointer.save(snapshot, self.state.to_json(self.cfg))
         faults.point(faults.Phase.CHECKPOINT, self.learner.step)  # Orbax writing in background
 
     async def main(self, start: float, out: Path) -> TrainResult:
@@ -272,13 +283,22 @@ class _Run:
             state=self.state,
         )
         stream = training_tasks(cfg)
-        stats = await loop.run(
-            loop.cursor.numbered(stream.at), cfg.learner.steps, cfg.learner.time_budget_s
+        sampler = CounterSampler(
+            self.engine, loop.orchestrator, loop.queue, cfg.tracing.counter_interval_s
         )
+        sampling = asyncio.create_task(sampler.run())
+        try:
+            stats = await loop.run(
+                loop.cursor.numbered(stream.at), cfg.learner.steps, cfg.learner.time_budget_s
+            )
+        finally:
+            sampling.cancel()
+        self.peak_rss = sampler.peak_rss
         if self.state.evals[-1]["step"] != self.learner.step:
             await self.evaluate(self.learner.step)
         self.save(loop)
-        self.checkpointer.wait()
+        with tracing.span("checkpointer", "checkpoint finalize"):
+            self.checkpointer.wait()
         curve = learning_curve(out / "metrics.jsonl", out / "learning_curve.png")
         lags = stats.lags or [0]
         evals = self.state.evals
