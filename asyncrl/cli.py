@@ -117,6 +117,38 @@ def _cmd_recovery_test(args: argparse.Namespace) -> int:
     return 0 if verdict.passed else 1
 
 
+def _cmd_trace_summary(args: argparse.Namespace) -> int:
+    """Where the time went in a run's trace (our own reader: no trace processor needed)."""
+    from pathlib import Path
+
+    from asyncrl.tracing.reader import format_summary, read_packets, summarize, validate
+
+    path = Path(args.run_dir)
+    if path.is_dir():
+        found = sorted(path.rglob("*.perfetto-trace"))
+        if not found:
+            print(f"asyncrl: no *.perfetto-trace under {path}", file=sys.stderr)
+            return 2
+        path = found[0]
+    packets, truncated = read_packets(path)
+    print(f"trace: {path} ({len(packets)} packets{', truncated' if truncated else ''})")
+    print(format_summary(summarize(packets)))
+    problems = validate(packets, truncated=truncated)
+    for p in problems:
+        print(f"invalid: {p}")
+    return 1 if problems else 0
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from asyncrl.stages.report import write_report
+
+    paths = write_report(Path(args.run_dir))
+    print(f"report: {paths.markdown}\nreport: {paths.html}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="asyncrl", description="Asynchronous agentic-RL post-training on JAX."
@@ -136,6 +168,16 @@ def build_parser() -> argparse.ArgumentParser:
         cmd.add_argument("--run-dir", help="run folder (default: a new runs/<run-id>/)")
         cmd.add_argument("--init-model", help="HF model folder to start from")
         cmd.set_defaults(func=func)
+
+    trace = sub.add_parser("trace", help="inspect traces")
+    trace_sub = trace.add_subparsers(dest="trace_command", required=True)
+    summary = trace_sub.add_parser("summary", help="where the time went, and whether it is valid")
+    summary.add_argument("run_dir", help="a run folder or a .perfetto-trace file")
+    summary.set_defaults(func=_cmd_trace_summary)
+
+    report = sub.add_parser("report", help="write the run report (Markdown and HTML)")
+    report.add_argument("run_dir")
+    report.set_defaults(func=_cmd_report)
 
     config = sub.add_parser("config", help="inspect configurations")
     config_sub = config.add_subparsers(dest="config_command", required=True)

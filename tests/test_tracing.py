@@ -4,6 +4,7 @@ import asyncio
 import json
 import threading
 
+import pytest
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
 from asyncrl import tracing
@@ -77,6 +78,43 @@ def test_a_real_training_run_writes_a_valid_complete_trace(tmp_path):
     summary = summarize(packets)
     assert 0 <= summary.engine_idle < 1 and 0 <= summary.learner_idle < 1
     assert summary.slowest_episodes and summary.by_name
+    # The same run's TensorBoard scalars equal its JSONL metrics.
+    from asyncrl.metrics.tracker import read_jsonl
+
+    rows = read_jsonl(tmp_path / "train" / "metrics.jsonl", kind="train")
+    scalars = _tensorboard_scalars(tmp_path / "train" / "tensorboard")
+    assert [v for _, v in scalars["train/reward"]] == [
+        pytest.approx(r["reward"], rel=1e-6) for r in rows
+    ]
+    assert {"train/groups_per_min", "train/memory_peak_bytes", "eval/solve_rate"} <= set(scalars)
+    # Plots and the report that links them with the trace.
+    for png in ("learning_curve", "reward_curve", "policy_lag", "queue_occupancy"):
+        assert (tmp_path / "train" / f"{png}.png").stat().st_size > 1000
+    from asyncrl.stages.report import write_report
+
+    paths = write_report(tmp_path)
+    text = paths.markdown.read_text()
+    assert "train/trace.perfetto-trace" in text and "train/learning_curve.png" in text
+    assert "Recovery test" in text and "did not run" in text
+    assert "<img src='train/reward_curve.png'" in paths.html.read_text()
+
+
+def _tensorboard_scalars(logdir):
+    """{tag: [(step, value)]} parsed from TFRecord event files with tensorboardX's protos."""
+    import struct
+
+    from tensorboardX.proto import event_pb2
+
+    out = {}
+    for path in sorted(logdir.glob("events.out.tfevents.*")):
+        data, i = path.read_bytes(), 0
+        while i < len(data):
+            (length,) = struct.unpack("<Q", data[i : i + 8])
+            event = event_pb2.Event.FromString(data[i + 12 : i + 12 + length])
+            i += 12 + length + 4
+            for v in event.summary.value:
+                out.setdefault(v.tag, []).append((event.step, v.simple_value))
+    return out
 
 
 def test_tool_calls_are_slices_inside_turns(tmp_path):
@@ -172,3 +210,24 @@ def test_concurrent_threads_keep_balanced_slices(tmp_path):
     assert validate(packets) == []
     ix = index(packets)
     assert sum(1 for s in ix.slices if s[1] == "outer") == 8 * 200
+
+
+def test_progress_is_a_redrawn_line_on_a_tty_and_plain_lines_elsewhere():
+    import io
+
+    from asyncrl.metrics.progress import Progress
+
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+
+    tty, plain = Tty(), io.StringIO()
+    for stream in (tty, plain):
+        p = Progress(10, "train", stream=stream, every_s=3600)
+        for i in range(1, 11):
+            p.update(i, {"reward": i})
+        p.close()
+    assert tty.getvalue().count("\r") == 10 and "10/10" in tty.getvalue()
+    lines = plain.getvalue().splitlines()
+    assert len(lines) == 2 and "1/10" in lines[0] and "10/10" in lines[1]  # first and last
+    assert "\r" not in plain.getvalue()

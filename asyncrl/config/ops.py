@@ -115,6 +115,8 @@ class TracingConfig:
     chunk_events: int = 2048
     # Seconds between samples of the counter tracks.
     counter_interval_s: float = 0.5
+    # Also write TensorBoard event files (beside the JSONL metrics, which are always written).
+    tensorboard: bool = True
 
     def __post_init__(self) -> None:
         require(self.chunk_events >= 1, "chunk_events", self.chunk_events, "an integer >= 1")

@@ -31,7 +31,8 @@ from asyncrl.rollout.groups import GroupQueue
 from asyncrl.rollout.orchestrator import NumberedTask, Orchestrator
 from asyncrl.sync.publisher import WeightPublisher
 from asyncrl.tracing import flow_id
-from asyncrl.types import Group
+from asyncrl.tracing.counters import peak_rss_bytes
+from asyncrl.types import Group, TrajectoryStatus
 
 
 class StalenessAdmission:
@@ -135,6 +136,7 @@ class TrainingLoop:
         self.stats = stats or LoopStats()
         self._start = time.monotonic()
         self._failed_seen = 0
+        self.last_metrics: dict[str, float] = {}
 
     @property
     def version(self) -> int:
@@ -241,6 +243,7 @@ class TrainingLoop:
                 self.admission.advance(version)
         rewards = [t.reward for g in groups for t in g.trajectories]
         occupancy = self.queue.stats()
+        metrics.update(self._rates())
         metrics.update(
             ready_groups=float(occupancy.ready),
             half_filled_groups=float(occupancy.half_filled),
@@ -253,8 +256,23 @@ class TrainingLoop:
             train_s=time.monotonic() - t0,
         )
         self.tracker.log(step, metrics)
+        self.last_metrics = metrics
         for hook in self.hooks:
             await hook(step, self)
+
+    def _rates(self) -> dict[str, float]:
+        """Throughput and health counters for operators (per minute since the loop started)."""
+        minutes = max(time.monotonic() - self._start, 1e-9) / 60
+        finished = self.orchestrator.status_counts
+        total = max(sum(finished.values()), 1)
+        return {
+            "trajectories_per_min": sum(finished.values()) / minutes,
+            "groups_per_min": self.queue.released / minutes,
+            "examples_per_min": self.stats.groups_trained * self.queue.group_size / minutes,
+            "timeout_rate": finished[TrajectoryStatus.TIMEOUT] / total,
+            **{f"status/{s.value}": float(n) for s, n in finished.items()},
+            "memory_peak_bytes": float(peak_rss_bytes()),
+        }
 
     def reconcile_failed(self) -> None:
         """Groups the queue dropped for failed members are finished (not trained) in the cursor."""

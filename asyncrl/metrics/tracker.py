@@ -52,6 +52,39 @@ class JsonlTracker:
         self._file.close()
 
 
+class TensorBoardTracker:
+    """TensorBoard event files (via tensorboardX): scalars named "<kind>/<metric>"."""
+
+    def __init__(self, logdir: Path) -> None:
+        from tensorboardX import SummaryWriter
+
+        self.logdir = logdir
+        self._writer = SummaryWriter(str(logdir), flush_secs=5)
+
+    def log(self, step: int, metrics: Mapping[str, float], *, kind: str = "train") -> None:
+        for k, v in metrics.items():
+            if isinstance(v, int | float) and math.isfinite(v):
+                self._writer.add_scalar(f"{kind}/{k}", float(v), step)
+
+    def close(self) -> None:
+        self._writer.close()
+
+
+class Trackers:
+    """Several trackers as one."""
+
+    def __init__(self, *trackers: Tracker) -> None:
+        self.trackers = trackers
+
+    def log(self, step: int, metrics: Mapping[str, float], *, kind: str = "train") -> None:
+        for t in self.trackers:
+            t.log(step, metrics, kind=kind)
+
+    def close(self) -> None:
+        for t in self.trackers:
+            t.close()
+
+
 def read_jsonl(path: Path, kind: str | None = None) -> list[dict[str, object]]:
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     return [r for r in rows if kind is None or r.get("kind") == kind]

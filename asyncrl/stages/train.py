@@ -9,6 +9,7 @@ model (HF safetensors), the metrics (JSONL) and the learning curve (PNG) under `
 from __future__ import annotations
 
 import asyncio
+import collections
 import itertools
 import json
 import random
@@ -29,8 +30,9 @@ from asyncrl.envs.base import Task
 from asyncrl.envs.tasks import task_stream
 from asyncrl.learner.learner import Learner
 from asyncrl.learner.loop import LoopStats, StalenessAdmission, TrainingLoop
-from asyncrl.metrics.plots import learning_curve
-from asyncrl.metrics.tracker import JsonlTracker
+from asyncrl.metrics.plots import lag_histogram, learning_curve, queue_occupancy, reward_curve
+from asyncrl.metrics.progress import Progress
+from asyncrl.metrics.tracker import JsonlTracker, TensorBoardTracker, Trackers
 from asyncrl.model import build_model
 from asyncrl.model import hf_checkpoint as hf
 from asyncrl.rollout.groups import GroupQueue
@@ -139,6 +141,8 @@ def train(cfg: RunConfig, run_dir: Path, init_model: str | None = None) -> Train
         if state.version:
             engine.publish(learner.params_copy(), state.version)
         tracker = JsonlTracker(out / "metrics.jsonl")
+        if cfg.tracing.tensorboard:
+            tracker = Trackers(tracker, TensorBoardTracker(out / "tensorboard"))
         engine.warmup()
         tracer = (
             tracing.PerfettoTracer(out / TRACE_FILE, chunk_events=cfg.tracing.chunk_events)
@@ -230,6 +234,8 @@ class _Run:
         self.state: PipelineState = state
         self.loop: TrainingLoop | None = None
         self.saved_step = learner.step  # restored (or initial) state: nothing new to save
+        self.progress = Progress(cfg.learner.steps, "train")
+        self.peak_rss = 0
 
     async def evaluate(self, step: int) -> None:
         with tracing.span("rollout", "held-out evaluation", {"step": step}):
@@ -248,6 +254,17 @@ class _Run:
         every = self.cfg.learner.eval_every
         if every and step % every == 0:
             await self.evaluate(step)
+
+    async def progress_hook(self, step: int, loop: TrainingLoop) -> None:
+        m = loop.last_metrics
+        self.progress.update(
+            step,
+            {
+                "reward": f"{m.get('reward', 0):.3f}",
+                "lag": f"{m.get('policy_lag_mean', 0):.2f}",
+                "groups/min": f"{m.get('groups_per_min', 0):.0f}",
+            },
+        )
 
     async def checkpoint_hook(self, step: int, loop: TrainingLoop) -> None:
         every = self.cfg.checkpoint.every_steps
@@ -279,7 +296,7 @@ class _Run:
             self.engine,
             device_lock=self.placement.device_lock,
             tracker=self.tracker,
-            hooks=(self.eval_hook, self.checkpoint_hook),
+            hooks=(self.eval_hook, self.checkpoint_hook, self.progress_hook),
             state=self.state,
         )
         stream = training_tasks(cfg)
@@ -299,7 +316,12 @@ class _Run:
         self.save(loop)
         with tracing.span("checkpointer", "checkpoint finalize"):
             self.checkpointer.wait()
-        curve = learning_curve(out / "metrics.jsonl", out / "learning_curve.png")
+        self.progress.close()
+        metrics = out / "metrics.jsonl"
+        curve = learning_curve(metrics, out / "learning_curve.png")
+        reward_curve(metrics, out / "reward_curve.png")
+        queue_occupancy(metrics, out / "queue_occupancy.png")
+        lag_histogram(collections.Counter(stats.lags), out / "policy_lag.png")
         lags = stats.lags or [0]
         evals = self.state.evals
         return TrainResult(

@@ -18,6 +18,7 @@ from asyncrl.config import RunConfig
 from asyncrl.envs.demonstrations import demonstrations
 from asyncrl.envs.tasks import task_stream
 from asyncrl.learner.learner import Learner
+from asyncrl.metrics.progress import Progress
 from asyncrl.metrics.tracker import JsonlTracker
 from asyncrl.model import build_model
 from asyncrl.model import hf_checkpoint as hf
@@ -57,6 +58,7 @@ def warm_start(cfg: RunConfig, run_dir: Path, log_every: int = 20) -> WarmStartR
     rng = random.Random(cfg.seed)
     loss = float("nan")
     rows = cfg.learner.sft_batch_size
+    progress = Progress(cfg.learner.sft_steps, "warm start")
     for step in range(cfg.learner.sft_steps):
         pool = content if step < cfg.learner.sft_content_steps else demos
         batch = learner.sft_batch(rng.sample(pool, min(rows, len(pool))), rows=rows)
@@ -64,7 +66,9 @@ def warm_start(cfg: RunConfig, run_dir: Path, log_every: int = 20) -> WarmStartR
         loss = metrics["loss"]
         if learner.step % log_every == 0 or learner.step == cfg.learner.sft_steps:
             tracker.log(learner.step, metrics, kind="sft")
+            progress.update(learner.step, {"loss": f"{loss:.3f}"})
     tracker.close()
+    progress.close()
     trained = learner.model()
     model_dir = run_dir / "warm_start" / "model"
     hf.save(trained, str(model_dir))

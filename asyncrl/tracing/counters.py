@@ -23,6 +23,11 @@ def rss_bytes() -> int:
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
+def peak_rss_bytes() -> int:
+    """The process's memory high-water mark (Linux reports ru_maxrss in KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
 class CounterSampler:
     def __init__(self, engine, orchestrator, queue, interval_s: float) -> None:
         self.engine, self.orchestrator, self.queue = engine, orchestrator, queue
