@@ -149,6 +149,21 @@ def _cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_gate(args: argparse.Namespace) -> int:
+    """Gate a run's model: exit 0 when it passes, 1 with the failed checks when it does not."""
+    from pathlib import Path
+
+    run_dir = Path(args.run_dir)
+    config = args.config or str(run_dir / "config.yaml")
+    cfg = load_config(config, args.overrides)
+    from asyncrl.stages.quality_gate import format_report, quality_gate
+
+    outcome = quality_gate(cfg, run_dir, Path(args.model) if args.model else None)
+    print(format_report(outcome))
+    print(f"report: {outcome.report_path}")
+    return 0 if outcome.report.passed else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="asyncrl", description="Asynchronous agentic-RL post-training on JAX."
@@ -168,6 +183,15 @@ def build_parser() -> argparse.ArgumentParser:
         cmd.add_argument("--run-dir", help="run folder (default: a new runs/<run-id>/)")
         cmd.add_argument("--init-model", help="HF model folder to start from")
         cmd.set_defaults(func=func)
+
+    gate = sub.add_parser("gate", help="held-out quality gate of a run's model (exit 1: failed)")
+    gate.add_argument("run_dir")
+    gate.add_argument("--config", help="config (default: the run folder's config.yaml)")
+    gate.add_argument("--model", help="model folder (default: the run's trained model)")
+    gate.add_argument(
+        "overrides", nargs="*", help="dotted overrides such as gate.min_solve_rate=0.3"
+    )
+    gate.set_defaults(func=_cmd_gate)
 
     trace = sub.add_parser("trace", help="inspect traces")
     trace_sub = trace.add_subparsers(dest="trace_command", required=True)
