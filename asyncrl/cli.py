@@ -35,40 +35,27 @@ def _cmd_model_info(args: argparse.Namespace) -> int:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    """The main local job: model check, SFT warm start, then agentic RL (stages in order)."""
+    """The main job: the whole pipeline on this machine through kfp.local (SubprocessRunner)."""
     cfg = load_config(args.config, args.overrides)
-    from asyncrl.stages.runtime import ensure_host_devices
+    from asyncrl.pipeline.local import run_local
 
-    ensure_host_devices(cfg)  # before JAX starts
-    from asyncrl.stages.model_check import model_check
-    from asyncrl.stages.run_dir import create_run_dir
-    from asyncrl.stages.train import train
-    from asyncrl.stages.warm_start import warm_start
-
-    run_dir = create_run_dir(cfg)
-    print(f"run folder: {run_dir}", flush=True)
-    check = model_check(cfg, run_dir)
-    print(f"model check: {'ok' if check.ok else 'FAILED'} ({run_dir}/model_check.json)", flush=True)
-    if not check.ok:
-        return 1
-    init = None
-    if "warm_start" in cfg.pipeline.stages and cfg.learner.sft_steps > 0:
-        ws = warm_start(cfg, run_dir)
-        init = ws.model_dir
-        print(
-            f"warm start: {ws.steps} SFT steps in {ws.seconds:.0f} s, held-out solve rate "
-            f"{100 * ws.heldout_solve_rate:.1f}% ({run_dir}/warm_start/)",
-            flush=True,
-        )
-    if "train" in cfg.pipeline.stages:
-        tr = train(cfg, run_dir, init_model=init)
-        print(
-            f"train: {tr.steps} RL steps in {tr.seconds:.0f} s, held-out solve rate "
-            f"{100 * tr.initial_solve_rate:.1f}% -> {100 * tr.final_solve_rate:.1f}%; "
-            f"learning curve {tr.curve}",
-            flush=True,
-        )
-    return 0
+    result = run_local(cfg)
+    d = result.run_dir
+    print(f"run folder: {d}")
+    print(f"pipeline: {result.final_state}; stages done: {', '.join(result.stages_done)}")
+    for label, rel in (
+        ("report", "report.html"),
+        ("report (markdown)", "report.md"),
+        ("trace", "train/trace.perfetto-trace"),
+        ("learning curve", "train/learning_curve.png"),
+        ("gate report", "quality_gate/report.json"),
+        ("recovery verdict", "recovery_test/verdict.json"),
+    ):
+        if (d / rel).exists():
+            print(f"{label}: {d / rel}")
+    if result.gate_passed is False:
+        print("quality gate FAILED (see the gate report)")
+    return 0 if result.succeeded else 1
 
 
 def _run_dir(args: argparse.Namespace, cfg):

@@ -6,7 +6,7 @@ Imports no JAX. `load_config(path, overrides)` is the one entry point; every err
 
 from asyncrl.config.errors import ConfigError
 from asyncrl.config.learner import LearnerConfig
-from asyncrl.config.loader import from_dict, load_config, parse_override, to_yaml
+from asyncrl.config.loader import from_dict, load_config, load_config_text, parse_override, to_yaml
 from asyncrl.config.model import ModelConfig, TokenizerConfig
 from asyncrl.config.ops import (
     CheckpointConfig,
@@ -35,6 +35,7 @@ __all__ = [
     "TracingConfig",
     "from_dict",
     "load_config",
+    "load_config_text",
     "parse_override",
     "to_yaml",
 ]

@@ -26,18 +26,23 @@ CUSTOM_PRESET = "custom"
 
 def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> RunConfig:
     """Read a YAML preset (or start from defaults), apply `key=value` overrides, validate."""
-    data: dict[str, object] = {}
-    if path is not None:
-        text = Path(path).read_text()
-        try:
-            loaded = yaml.safe_load(text)
-        except yaml.YAMLError as e:
-            raise ConfigError("<file>", f"{path} is not valid YAML: {e}") from None
-        if loaded is not None and not isinstance(loaded, dict):
-            raise ConfigError(
-                "<file>", f"{path} must hold a mapping of sections, got a {_kind(loaded)}"
-            )
-        data = loaded or {}
+    text = Path(path).read_text() if path is not None else ""
+    return load_config_text(text, overrides, source=str(path) if path is not None else "<defaults>")
+
+
+def load_config_text(
+    text: str, overrides: Sequence[str] = (), source: str = "<config text>"
+) -> RunConfig:
+    """The same from YAML text (how a pipeline passes its config: one string parameter)."""
+    try:
+        loaded = yaml.safe_load(text) if text else None
+    except yaml.YAMLError as e:
+        raise ConfigError("<file>", f"{source} is not valid YAML: {e}") from None
+    if loaded is not None and not isinstance(loaded, dict):
+        raise ConfigError(
+            "<file>", f"{source} must hold a mapping of sections, got a {_kind(loaded)}"
+        )
+    data: dict[str, object] = loaded or {}
     for item in overrides:
         key, value = parse_override(item)
         _set_dotted(data, key, value)

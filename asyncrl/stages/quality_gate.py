@@ -99,8 +99,13 @@ def _champion_metrics(cfg: RunConfig, champ: Champion, key: str) -> dict[str, Es
 
 
 def quality_gate(
-    cfg: RunConfig, run_dir: Path, model_dir: Path | None = None, run_id: str | None = None
+    cfg: RunConfig,
+    run_dir: Path,
+    model_dir: Path | None = None,
+    run_id: str | None = None,
+    promote: bool | None = None,
 ) -> GateOutcome:
+    """Evaluate and decide; promote a passing candidate when `promote` (default gate.promote)."""
     out = run_dir / "quality_gate"
     out.mkdir(parents=True, exist_ok=True)
     model_dir = model_dir or candidate_model(run_dir)
@@ -112,7 +117,7 @@ def quality_gate(
     report = decide(candidate, champ_metrics, cfg.gate, champ.run_id if champ else None)
     run_id = run_id or run_dir.name
     promoted = False
-    if report.passed and cfg.gate.promote:
+    if report.passed and (cfg.gate.promote if promote is None else promote):
         registry.promote(run_id, model_dir, {k: v.to_json() for k, v in candidate.items()}, key)
         promoted = True
     record = {
@@ -135,6 +140,20 @@ def quality_gate(
         json.dumps({k: round(v.value, 6) for k, v in candidate.items()}, indent=2)
     )
     return GateOutcome(report=report, candidate=candidate, promoted=promoted, report_path=path)
+
+
+def promote_passed(cfg: RunConfig, run_dir: Path) -> bool:
+    """Promote the run's gated model if its recorded gate report passed (the pipeline's last
+    stage); returns whether it was promoted now."""
+    record = json.loads((run_dir / "quality_gate" / REPORT_FILE).read_text())
+    if not record["passed"] or record["promoted"] or not cfg.gate.promote:
+        return False
+    ChampionRegistry(champion_uri(cfg)).promote(
+        record["run_id"], Path(record["model"]), record["candidate"], record["eval_key"]
+    )
+    record["promoted"] = True
+    (run_dir / "quality_gate" / REPORT_FILE).write_text(json.dumps(record, indent=2))
+    return True
 
 
 def format_report(outcome: GateOutcome) -> str:

@@ -1,0 +1,1 @@
+"""The Kubeflow pipeline: components, definition, local runner and the KFP API client."""

@@ -1,0 +1,202 @@
+"""The pipeline's components: one thin lightweight-Python component per stage.
+
+Each function parses the run config (one YAML string), sets up the process's devices, calls the
+stage function in `asyncrl.stages` and copies the stage's results into typed KFP artifacts (Model,
+Metrics, HTML, Markdown, Artifact) so the Kubeflow UI shows them. Nothing else happens here: the
+stages own the work. Every component runs in the one runtime image (`images/runtime.Dockerfile`),
+which has asyncrl and kfp installed, so `install_kfp_package=False` and no pip installs at run
+time. Stages the config leaves out of `pipeline.stages` return at once, marked skipped.
+"""
+
+# No `from __future__ import annotations`: KFP reads the real annotation objects.
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from kfp import dsl
+from kfp.dsl import HTML, Artifact, Markdown, Metrics, Model, Output
+
+
+def provision(config_yaml: str, job_id: str) -> NamedTuple("Outputs", [("run_dir", str)]):
+    from collections import namedtuple
+
+    from asyncrl.config import load_config_text
+    from asyncrl.stages.runtime import ensure_host_devices
+
+    cfg = load_config_text(config_yaml)
+    ensure_host_devices(cfg)
+    from asyncrl.stages.provision import provision as run
+
+    result = run(cfg, job_id)
+    print(f"provisioned {result.devices}; run folder {result.run_dir}")
+    return namedtuple("Outputs", ["run_dir"])(result.run_dir)
+
+
+def warm_start(
+    config_yaml: str, run_dir: str, model: Output[Model], metrics: Output[Metrics]
+) -> str:
+    import shutil
+    from pathlib import Path
+
+    from asyncrl.config import load_config_text
+    from asyncrl.stages.runtime import ensure_host_devices
+
+    cfg = load_config_text(config_yaml)
+    if "warm_start" not in cfg.pipeline.stages or cfg.learner.sft_steps == 0:
+        model.metadata["skipped"] = True
+        return ""
+    ensure_host_devices(cfg)
+    from asyncrl.stages.warm_start import warm_start as run
+
+    result = run(cfg, Path(run_dir))
+    shutil.copytree(result.model_dir, model.path, dirs_exist_ok=True)
+    metrics.log_metric("heldout_solve_rate", result.heldout_solve_rate)
+    metrics.log_metric("final_loss", result.final_loss)
+    metrics.log_metric("seconds", result.seconds)
+    return result.model_dir
+
+
+def train(
+    config_yaml: str,
+    run_dir: str,
+    init_model: str,
+    model: Output[Model],
+    metrics: Output[Metrics],
+    trace: Output[Artifact],
+) -> str:
+    import shutil
+    from pathlib import Path
+
+    from asyncrl.config import load_config_text
+    from asyncrl.stages.runtime import ensure_host_devices
+
+    cfg = load_config_text(config_yaml)
+    if "train" not in cfg.pipeline.stages:
+        model.metadata["skipped"] = True
+        return init_model
+    ensure_host_devices(cfg)
+    if cfg.cluster.backend == "gke" and cfg.cluster.placement == "remote":
+        from asyncrl.cloud.jobset import run_training_jobset
+
+        result = run_training_jobset(cfg, Path(run_dir), init_model or None)
+    else:
+        from asyncrl.stages.train import train as run
+
+        result = run(cfg, Path(run_dir), init_model=init_model or None)
+    shutil.copytree(result.model_dir, model.path, dirs_exist_ok=True)
+    for name in ("initial_solve_rate", "final_solve_rate", "steps", "policy_lag_mean", "seconds"):
+        metrics.log_metric(name, float(getattr(result, name)))
+    traced = Path(run_dir) / "train" / "trace.perfetto-trace"
+    if traced.exists():
+        shutil.copyfile(traced, trace.path)
+    return result.model_dir
+
+
+def recovery_test(
+    config_yaml: str,
+    run_dir: str,
+    init_model: str,
+    verdict: Output[Artifact],
+    metrics: Output[Metrics],
+):
+    import shutil
+    from pathlib import Path
+
+    from asyncrl.config import load_config_text
+
+    cfg = load_config_text(config_yaml)
+    if "recovery_test" not in cfg.pipeline.stages:
+        verdict.metadata["skipped"] = True
+        return
+    from asyncrl.stages.recovery_test import VERDICT_FILE, table
+    from asyncrl.stages.recovery_test import recovery_test as run
+
+    result = run(cfg, Path(run_dir), init_model=init_model or None)
+    print(table(result))
+    shutil.copyfile(Path(run_dir) / "recovery_test" / VERDICT_FILE, verdict.path)
+    metrics.log_metric("passed", float(result.passed))
+    for phase in result.phases:
+        metrics.log_metric(f"{phase.phase}_lost_steps", float(phase.lost_steps))
+    if not result.passed:
+        raise RuntimeError("recovery test failed:\n" + table(result))
+
+
+def quality_gate(
+    config_yaml: str, run_dir: str, report: Output[Artifact], metrics: Output[Metrics]
+):
+    import shutil
+    from pathlib import Path
+
+    from asyncrl.config import load_config_text
+    from asyncrl.stages.runtime import ensure_host_devices
+
+    cfg = load_config_text(config_yaml)
+    if "quality_gate" not in cfg.pipeline.stages:
+        report.metadata["skipped"] = True
+        return
+    ensure_host_devices(cfg)
+    from asyncrl.stages.quality_gate import format_report
+    from asyncrl.stages.quality_gate import quality_gate as run
+
+    outcome = run(cfg, Path(run_dir), promote=False)  # promotion is the last stage's job
+    print(format_report(outcome))
+    shutil.copyfile(outcome.report_path, report.path)
+    for name, estimate in outcome.candidate.items():
+        metrics.log_metric(name, estimate.value)
+    metrics.log_metric("gate_passed", float(outcome.report.passed))
+    if not outcome.report.passed:
+        failed = ", ".join(c.name for c in outcome.report.failed)
+        raise RuntimeError(f"quality gate failed: {failed}")
+
+
+def report(config_yaml: str, run_dir: str, html: Output[HTML], markdown: Output[Markdown]):
+    import shutil
+    from pathlib import Path
+
+    from asyncrl.config import load_config_text
+
+    cfg = load_config_text(config_yaml)
+    folder = Path(run_dir)
+    promoted = False
+    if (folder / "quality_gate" / "report.json").exists():
+        from asyncrl.stages.quality_gate import promote_passed
+
+        promoted = promote_passed(cfg, folder)
+    from asyncrl.stages.report import write_report
+
+    paths = write_report(folder)
+    shutil.copyfile(paths.html, html.path)
+    shutil.copyfile(paths.markdown, markdown.path)
+    print(f"report {paths.html}; promoted to champion: {promoted}")
+
+
+def teardown(config_yaml: str, job_id: str, status: dsl.PipelineTaskFinalStatus):
+    from asyncrl.config import load_config_text
+    from asyncrl.stages.provision import run_folder
+    from asyncrl.stages.provision import teardown as run
+
+    cfg = load_config_text(config_yaml)
+    result = run(cfg, run_folder(cfg, job_id), pipeline_state=status.state)
+    print(f"teardown after {status.state}: deleted {len(result['deleted'])} resources")
+
+
+FUNCTIONS = (provision, warm_start, train, recovery_test, quality_gate, report, teardown)
+
+
+@dataclass(frozen=True)
+class Components:
+    provision: object
+    warm_start: object
+    train: object
+    recovery_test: object
+    quality_gate: object
+    report: object
+    teardown: object
+
+
+def components(image: str) -> Components:
+    """The components, all on the runtime image `image`."""
+    made = {
+        f.__name__: dsl.component(func=f, base_image=image, install_kfp_package=False)
+        for f in FUNCTIONS
+    }
+    return Components(**made)
