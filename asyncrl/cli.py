@@ -151,6 +151,75 @@ def _cmd_gate(args: argparse.Namespace) -> int:
     return 0 if outcome.report.passed else 1
 
 
+def _cmd_pipeline_compile(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from asyncrl.pipeline.remote import compile_pipeline
+
+    for config in args.configs:
+        path = compile_pipeline(load_config(config), Path(args.out))
+        print(f"compiled {config} -> {path}")
+    return 0
+
+
+def _kfp(fn):
+    """Run a KFP command; endpoint failures exit 3 with one line naming the endpoint."""
+    from asyncrl.pipeline.remote import KfpError
+
+    try:
+        return fn()
+    except KfpError as e:
+        print(f"asyncrl: {e}", file=sys.stderr)
+        return 3
+
+
+def _host(args, cfg) -> str:
+    host = args.host or cfg.pipeline.kfp_host
+    if not host:
+        from asyncrl.config import ConfigError
+
+        raise ConfigError("pipeline.kfp_host", "no KFP endpoint: pass --host URL or set it")
+    return host
+
+
+def _cmd_pipeline_submit(args: argparse.Namespace) -> int:
+    from asyncrl.pipeline import remote
+
+    cfg = load_config(args.config, args.overrides)
+
+    def go():
+        run = remote.submit(cfg, _host(args, cfg), args.name)
+        print(f"submitted run {run.run_id}: {run.url}")
+        return 0
+
+    return _kfp(go)
+
+
+def _cmd_pipeline_schedule(args: argparse.Namespace) -> int:
+    from asyncrl.pipeline import remote
+
+    cfg = load_config(args.config, args.overrides)
+
+    def go():
+        job = remote.schedule(cfg, _host(args, cfg), args.cron, args.name)
+        print(f"scheduled recurring run {job} on cron {args.cron!r}")
+        return 0
+
+    return _kfp(go)
+
+
+def _cmd_pipeline_wait(args: argparse.Namespace) -> int:
+    """Exit 0 when the run succeeded (the gate passed), 1 when it ended otherwise."""
+    from asyncrl.pipeline import remote
+
+    def go():
+        state = remote.wait(args.host, args.run_id, args.timeout)
+        print(f"run {args.run_id}: {state}")
+        return 0 if state == remote.SUCCEEDED else 1
+
+    return _kfp(go)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="asyncrl", description="Asynchronous agentic-RL post-training on JAX."
@@ -179,6 +248,29 @@ def build_parser() -> argparse.ArgumentParser:
         "overrides", nargs="*", help="dotted overrides such as gate.min_solve_rate=0.3"
     )
     gate.set_defaults(func=_cmd_gate)
+
+    pipe = sub.add_parser("pipeline", help="compile, submit, schedule or wait for the KFP pipeline")
+    pipe_sub = pipe.add_subparsers(dest="pipeline_command", required=True)
+    comp = pipe_sub.add_parser("compile", help="compile to YAML (default pipelines/compiled/)")
+    comp.add_argument("configs", nargs="+", help="configs whose cluster settings to compile for")
+    comp.add_argument("--out", default="pipelines/compiled")
+    comp.set_defaults(func=_cmd_pipeline_compile)
+    submit = pipe_sub.add_parser("submit", help="start a run on a KFP endpoint")
+    _config_args(submit)
+    submit.add_argument("--host", help="KFP endpoint URL (default pipeline.kfp_host)")
+    submit.add_argument("--name", help="run name")
+    submit.set_defaults(func=_cmd_pipeline_submit)
+    sched = pipe_sub.add_parser("schedule", help="a recurring run (KFP cron: six fields)")
+    _config_args(sched)
+    sched.add_argument("--cron", required=True, help="e.g. '0 0 3 * * *' (03:00 daily)")
+    sched.add_argument("--host", help="KFP endpoint URL (default pipeline.kfp_host)")
+    sched.add_argument("--name", help="recurring run name")
+    sched.set_defaults(func=_cmd_pipeline_schedule)
+    wait = pipe_sub.add_parser("wait", help="wait for a run; exit code = its verdict")
+    wait.add_argument("run_id")
+    wait.add_argument("--host", required=True)
+    wait.add_argument("--timeout", type=float, default=6 * 3600)
+    wait.set_defaults(func=_cmd_pipeline_wait)
 
     trace = sub.add_parser("trace", help="inspect traces")
     trace_sub = trace.add_subparsers(dest="trace_command", required=True)

@@ -1,0 +1,153 @@
+"""Compile, submit, schedule and wait for the pipeline on a Kubeflow Pipelines endpoint.
+
+Thin use of `kfp.Client` (the KFP v2beta1 REST API). Every network failure becomes a `KfpError`
+that names the endpoint and what was attempted: an unreachable host, a refusal (HTTP 4xx/5xx with
+the server's message), a run that ends in another state than SUCCEEDED. The run config is passed
+as the pipeline's one parameter, `config_yaml`; the Kubernetes service account is named, never a
+key. `wait` maps the run's final state to an exit code, so CI can gate on `asyncrl pipeline wait`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from asyncrl.config import RunConfig, to_yaml
+
+COMPILED_DIR = Path("pipelines/compiled")
+SUCCEEDED = "SUCCEEDED"
+
+
+class KfpError(RuntimeError):
+    pass
+
+
+def compiled_name(cfg: RunConfig) -> str:
+    return f"{cfg.pipeline.name}-{cfg.cluster.backend}.yaml"
+
+
+def compile_pipeline(cfg: RunConfig, out_dir: Path = COMPILED_DIR) -> Path:
+    from kfp import compiler
+
+    from asyncrl.pipeline.definition import build_pipeline
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / compiled_name(cfg)
+    compiler.Compiler().compile(build_pipeline(cfg), str(path))
+    return path
+
+
+@dataclass(frozen=True, slots=True)
+class Submitted:
+    run_id: str
+    url: str
+
+
+def _probe(host: str) -> None:
+    """Ask the endpoint's health check first: kfp.Client would hide a refusal behind retries."""
+    import urllib.error
+    import urllib.request
+
+    url = f"{host.rstrip('/')}/apis/v2beta1/healthz"
+    try:
+        with urllib.request.urlopen(url, timeout=10):
+            return
+    except urllib.error.HTTPError as e:
+        body = e.read().decode(errors="replace").strip()[:300]
+        message = f"Kubeflow Pipelines at {host} refused: HTTP {e.code} {e.reason}: {body}"
+        raise KfpError(message) from None
+    except (urllib.error.URLError, OSError) as e:
+        reason = getattr(e, "reason", e)
+        raise KfpError(f"cannot reach Kubeflow Pipelines at {host}: {reason}") from None
+
+
+def _client(host: str):
+    import kfp
+
+    _probe(host)
+    try:
+        return kfp.Client(host=host)
+    except Exception as e:  # kfp raises several kinds while it loads its configuration
+        raise KfpError(f"cannot reach Kubeflow Pipelines at {host}: {_reason(e)}") from None
+
+
+def _reason(e: Exception) -> str:
+    status = getattr(e, "status", None)
+    body = getattr(e, "body", None)
+    if status:
+        return f"HTTP {status} {getattr(e, 'reason', '')}: {(body or '').strip()[:300]}"
+    return f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
+
+
+def _call(host: str, what: str, fn):
+    try:
+        return fn()
+    except KfpError:
+        raise
+    except Exception as e:
+        raise KfpError(f"{what} at {host} failed: {_reason(e)}") from None
+
+
+def submit(cfg: RunConfig, host: str, run_name: str | None = None) -> Submitted:
+    package = compile_pipeline(cfg, Path(_tmpdir()))
+    client = _client(host)
+    result = _call(
+        host,
+        "creating the run",
+        lambda: client.create_run_from_pipeline_package(
+            str(package),
+            arguments={"config_yaml": to_yaml(cfg)},
+            run_name=run_name or f"{cfg.pipeline.name}-{cfg.hash()[:8]}",
+            experiment_name=cfg.pipeline.experiment,
+            service_account=cfg.cluster.service_account,
+            enable_caching=False,
+        ),
+    )
+    return Submitted(run_id=result.run_id, url=f"{host.rstrip('/')}/#/runs/details/{result.run_id}")
+
+
+def schedule(cfg: RunConfig, host: str, cron: str, name: str | None = None) -> str:
+    """A recurring run on a KFP cron (six fields: seconds first); returns the recurring run id."""
+    fields = cron.split()
+    if len(fields) != 6:
+        raise KfpError(
+            f"cron {cron!r} has {len(fields)} fields; KFP needs six (second minute hour "
+            "day-of-month month day-of-week), e.g. '0 0 3 * * *' for 03:00 daily"
+        )
+    package = compile_pipeline(cfg, Path(_tmpdir()))
+    client = _client(host)
+    experiment = _call(
+        host, "creating the experiment", lambda: client.create_experiment(cfg.pipeline.experiment)
+    )
+    job = _call(
+        host,
+        "creating the recurring run",
+        lambda: client.create_recurring_run(
+            experiment_id=experiment.experiment_id,
+            job_name=name or f"{cfg.pipeline.name}-scheduled",
+            cron_expression=cron,
+            pipeline_package_path=str(package),
+            params={"config_yaml": to_yaml(cfg)},
+            service_account=cfg.cluster.service_account,
+            enable_caching=False,
+            no_catchup=True,
+        ),
+    )
+    return job.recurring_run_id
+
+
+def wait(host: str, run_id: str, timeout_s: float) -> str:
+    """The run's final state (SUCCEEDED, FAILED, ...) after it ends."""
+    client = _client(host)
+    run = _call(
+        host,
+        f"waiting for run {run_id}",
+        lambda: client.wait_for_run_completion(run_id, timeout=timeout_s, sleep_duration=2),
+    )
+    return str(run.state)
+
+
+def _tmpdir() -> str:
+    import tempfile
+
+    return tempfile.mkdtemp(prefix="asyncrl-kfp-")

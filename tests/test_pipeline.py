@@ -1,0 +1,196 @@
+"""The Kubeflow pipeline: compiled snapshots, the local run through kfp.local (pass, and a failing
+gate that still tears down), submit/schedule/wait against a loopback KFP API, each component alone."""
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from asyncrl.config import load_config, to_yaml
+from asyncrl.pipeline import remote
+from asyncrl.testing.configs import MICRO_OVERRIDES
+from asyncrl.testing.kfp_stub import kfp_stub
+
+ROOT = Path(__file__).parent.parent
+CONFIGS = ("configs/local.yaml", "configs/qwen2.5-0.5b-v6e.yaml")
+TINY = (
+    *MICRO_OVERRIDES,
+    "learner.steps=2",
+    "learner.time_budget_s=0",
+    "learner.eval_every=0",
+    "learner.sft_steps=10",
+    "learner.sft_content_steps=0",
+    "learner.sft_batch_size=4",
+    "env.heldout_size=1",
+    "env.train_size=8",
+    "gate.samples_per_task=1",
+    "tracing.tensorboard=false",
+)
+
+
+@pytest.mark.parametrize("config", CONFIGS)
+def test_pipeline_compiles_to_its_checked_in_snapshot(tmp_path, config):
+    """Regenerate with `asyncrl pipeline compile configs/local.yaml configs/qwen2.5-0.5b-v6e.yaml`."""
+    cfg = load_config(ROOT / config)
+    fresh = remote.compile_pipeline(cfg, tmp_path)
+    snapshot = ROOT / "pipelines" / "compiled" / remote.compiled_name(cfg)
+    assert fresh.read_text() == snapshot.read_text(), f"{snapshot} is stale: recompile it"
+
+
+def test_gke_pipeline_carries_tpu_settings_and_retries():
+    spec = list(yaml.safe_load_all((ROOT / "pipelines/compiled/asyncrl-gke.yaml").read_text()))
+    pipeline, platform = spec[0], spec[1]
+    executors = platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
+    train = executors["exec-train"]
+    selectors = train["nodeSelector"]["labels"]
+    assert selectors["cloud.google.com/gke-tpu-accelerator"] == "tpu-v6e-slice"
+    assert train["tolerations"][0]["key"] == "google.com/tpu"
+    container = pipeline["deploymentSpec"]["executors"]["exec-train"]["container"]
+    assert container["resources"]["accelerator"]["resourceCount"] == "8"
+    tasks = pipeline["components"]["comp-exit-handler-1"]["dag"]["tasks"]
+    assert "retryPolicy" in tasks["provision"] and "retryPolicy" not in tasks["quality-gate"]
+    assert pipeline["root"]["dag"]["tasks"]["teardown"]["triggerPolicy"]["strategy"] == (
+        "ALL_UPSTREAM_TASKS_COMPLETED"
+    )
+    assert "tolerations" not in executors.get("exec-provision", {})  # CPU stages stay off TPUs
+
+
+def _local_run(tmp_path, *overrides):
+    from asyncrl.pipeline.local import run_local
+
+    cfg = load_config(
+        ROOT / "configs/local.yaml",
+        [
+            *TINY,
+            f"pipeline.runs_dir={tmp_path / 'runs'}",
+            f"gate.champion={tmp_path / 'ch'}",
+            *overrides,
+        ],
+    )
+    return run_local(cfg)
+
+
+def test_the_local_pipeline_runs_every_stage_and_passes(tmp_path):
+    result = _local_run(tmp_path)
+    assert result.succeeded and result.final_state == "SUCCEEDED"
+    assert result.stages_done == (
+        "provision",
+        "warm_start",
+        "train",
+        "recovery_test",
+        "quality_gate",
+        "report",
+    )
+    assert result.gate_passed is True and result.teardown_ran
+    champion = json.loads((tmp_path / "ch" / "CURRENT.json").read_text())
+    assert champion["run_id"] == result.run_dir.name  # first run: promoted by the last stage
+    kfp_outputs = list((result.run_dir / "kfp").rglob("executor_output.json"))
+    assert len(kfp_outputs) >= 7  # one per component
+
+
+def test_an_impossible_gate_fails_the_run_at_the_gate_and_teardown_still_runs(tmp_path):
+    result = _local_run(
+        tmp_path,
+        "gate.min_solve_rate=1.0",
+        "pipeline.stages=[provision,train,quality_gate,report]",
+    )
+    assert not result.succeeded and result.final_state == "FAILED"
+    assert result.gate_passed is False
+    assert "report" not in result.stages_done and result.teardown_ran
+    report = json.loads((result.run_dir / "quality_gate" / "report.json").read_text())
+    assert [c["name"] for c in report["checks"] if not c["passed"]] == [
+        "solve_rate >= min_solve_rate"
+    ]
+    assert not (tmp_path / "ch" / "CURRENT.json").exists()  # nothing promoted
+
+
+def test_submit_and_schedule_send_the_run_config_to_the_kfp_api():
+    cfg = load_config(ROOT / "configs/local.yaml")
+    with kfp_stub() as stub:
+        run = remote.submit(cfg, stub.host, "nightly")
+        posts = [r for r in stub.requests if r["method"] == "POST"]
+        created = next(r["body"] for r in posts if r["path"] == "/apis/v2beta1/runs")
+        assert created["display_name"] == "nightly"
+        assert created["runtime_config"]["parameters"]["config_yaml"] == to_yaml(cfg)
+        assert created["service_account"] == cfg.cluster.service_account
+        assert created["pipeline_spec"]["pipelineInfo"]["name"] == cfg.pipeline.name
+        assert run.run_id in run.url
+        job = remote.schedule(cfg, stub.host, "0 0 3 * * *")
+        recurring = stub.requests[-1]["body"]
+        assert stub.requests[-1]["path"] == "/apis/v2beta1/recurringruns" and job
+        assert recurring["trigger"]["cron_schedule"]["cron"] == "0 0 3 * * *"
+        assert recurring["runtime_config"]["parameters"]["config_yaml"] == to_yaml(cfg)
+        assert remote.wait(stub.host, run.run_id, 30) == "SUCCEEDED"
+        stub.run_states[run.run_id] = "FAILED"
+        assert remote.wait(stub.host, run.run_id, 30) == "FAILED"
+
+
+def test_cli_wait_exit_code_is_the_runs_verdict(capsys):
+    from asyncrl.cli import main
+
+    with kfp_stub() as stub:
+        stub.run_states.update({"good": "SUCCEEDED", "bad": "FAILED"})
+        assert main(["pipeline", "wait", "good", "--host", stub.host]) == 0
+        assert main(["pipeline", "wait", "bad", "--host", stub.host]) == 1
+
+
+def test_endpoint_errors_are_clear():
+    cfg = load_config(ROOT / "configs/local.yaml")
+    with pytest.raises(
+        remote.KfpError, match=r"cannot reach Kubeflow Pipelines at http://127\.0\.0\.1:9"
+    ):
+        remote.submit(cfg, "http://127.0.0.1:9")
+    with kfp_stub() as stub:
+        stub.refuse = (403, "permission denied for namespace asyncrl")
+        with pytest.raises(remote.KfpError, match="permission denied"):
+            remote.submit(cfg, stub.host)
+        stub.refuse = None
+        with pytest.raises(remote.KfpError, match="six"):
+            remote.schedule(cfg, stub.host, "0 3 * * *")
+
+
+def test_each_component_function_runs_on_its_own(tmp_path):
+    """The components' Python functions, called directly in order with real artifact objects."""
+    from kfp import dsl
+
+    from asyncrl.pipeline.components import components
+
+    c = components("asyncrl-runtime:test")
+    cfg = load_config(
+        ROOT / "configs/local.yaml",
+        [
+            *TINY,
+            f"pipeline.runs_dir={tmp_path / 'runs'}",
+            f"gate.champion={tmp_path / 'ch'}",
+            "pipeline.run_id=alone",
+        ],
+    )
+    text = to_yaml(cfg)
+
+    def art(cls, name):
+        return cls(uri=str(tmp_path / "out" / name))
+
+    (run_dir,) = c.provision.python_func(config_yaml=text, job_id="job-1")
+    assert Path(run_dir).name == "alone" and (Path(run_dir) / "model_check.json").exists()
+    m = art(dsl.Metrics, "ws-metrics")
+    model_dir = c.warm_start.python_func(text, run_dir, art(dsl.Model, "ws"), m)
+    assert "heldout_solve_rate" in m.metadata and (tmp_path / "out/ws/model.safetensors").exists()
+    m = art(dsl.Metrics, "tr-metrics")
+    c.train.python_func(
+        text, run_dir, model_dir, art(dsl.Model, "tr"), m, art(dsl.Artifact, "trace")
+    )
+    assert m.metadata["steps"] == 2.0 and (tmp_path / "out/trace").stat().st_size > 0
+    m = art(dsl.Metrics, "gate-metrics")
+    c.quality_gate.python_func(text, run_dir, art(dsl.Artifact, "gate"), m)
+    assert m.metadata["gate_passed"] == 1.0
+    c.report.python_func(text, run_dir, art(dsl.HTML, "html"), art(dsl.Markdown, "md"))
+    assert "asyncrl run report" in (tmp_path / "out/md").read_text()
+
+    class Status:
+        state = "SUCCEEDED"
+
+    c.teardown.python_func(config_yaml=text, job_id="job-1", status=Status())
+    assert (
+        json.loads((Path(run_dir) / "teardown.json").read_text())["pipeline_state"] == "SUCCEEDED"
+    )
