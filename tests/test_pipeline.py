@@ -1,5 +1,6 @@
-"""The Kubeflow pipeline: compiled snapshots, the local run through kfp.local (pass, and a failing
-gate that still tears down), submit/schedule/wait against a loopback KFP API, each component alone."""
+"""The Kubeflow pipeline: compiled snapshots, the local run through kfp.local (pass, and a
+failing gate that still tears down), submit/schedule/wait against a loopback KFP API, and each
+component alone."""
 
 import json
 from pathlib import Path
@@ -31,7 +32,7 @@ TINY = (
 
 @pytest.mark.parametrize("config", CONFIGS)
 def test_pipeline_compiles_to_its_checked_in_snapshot(tmp_path, config):
-    """Regenerate with `asyncrl pipeline compile configs/local.yaml configs/qwen2.5-0.5b-v6e.yaml`."""
+    """Regenerate: `asyncrl pipeline compile configs/local.yaml configs/qwen2.5-0.5b-v6e.yaml`."""
     cfg = load_config(ROOT / config)
     fresh = remote.compile_pipeline(cfg, tmp_path)
     snapshot = ROOT / "pipelines" / "compiled" / remote.compiled_name(cfg)
