@@ -220,6 +220,32 @@ def _cmd_pipeline_wait(args: argparse.Namespace) -> int:
     return _kfp(go)
 
 
+def _cmd_provision(args: argparse.Namespace) -> int:
+    """Create or reuse the config's TPU node pool (`--dry-run`: print the request only)."""
+    cfg = load_config(args.config, args.overrides)
+    from asyncrl.cloud.provision import ProvisionError, node_pool_request, provision_node_pool
+
+    try:
+        if args.dry_run:
+            print(json.dumps(node_pool_request(cfg), indent=2))
+            return 0
+        print(json.dumps(provision_node_pool(cfg, endpoint=args.endpoint), indent=2))
+    except ProvisionError as e:
+        print(f"asyncrl: {e}", file=sys.stderr)
+        return 3
+    return 0
+
+
+def _cmd_jobset_render(args: argparse.Namespace) -> int:
+    cfg = load_config(args.config, args.overrides)
+    import yaml
+
+    from asyncrl.cloud.jobset import render_jobset
+
+    print(yaml.safe_dump(render_jobset(cfg, args.name, args.run_uri), sort_keys=False))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="asyncrl", description="Asynchronous agentic-RL post-training on JAX."
@@ -271,6 +297,17 @@ def build_parser() -> argparse.ArgumentParser:
     wait.add_argument("--host", required=True)
     wait.add_argument("--timeout", type=float, default=6 * 3600)
     wait.set_defaults(func=_cmd_pipeline_wait)
+
+    prov = sub.add_parser("provision", help="create or reuse the GKE TPU node pool")
+    _config_args(prov)
+    prov.add_argument("--dry-run", action="store_true", help="print the request, send nothing")
+    prov.add_argument("--endpoint", help="GKE API endpoint (default: Google's)")
+    prov.set_defaults(func=_cmd_provision)
+    js = sub.add_parser("jobset", help="render the trainer/rollout JobSet as YAML")
+    _config_args(js)
+    js.add_argument("--name", default="asyncrl-run")
+    js.add_argument("--run-uri", default="gs://BUCKET/runs/RUN")
+    js.set_defaults(func=_cmd_jobset_render)
 
     trace = sub.add_parser("trace", help="inspect traces")
     trace_sub = trace.add_subparsers(dest="trace_command", required=True)

@@ -1,0 +1,1 @@
+"""Running on GKE: TPU node pools, the rollout/trainer JobSet, multi-host JAX."""

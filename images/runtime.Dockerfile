@@ -1,0 +1,19 @@
+# The one image every pipeline stage and the trainer/rollout pods run: asyncrl with TPU JAX.
+# Build from the repository root:
+#   docker build -f images/runtime.Dockerfile -t REGION-docker.pkg.dev/PROJECT/asyncrl/runtime:0.1.0 .
+# and reference it by digest in cluster.image (asyncrl pipeline compile records it).
+FROM python:3.11.7-slim-bookworm AS build
+WORKDIR /src
+COPY pyproject.toml constraints.txt README.md ./
+COPY asyncrl ./asyncrl
+RUN pip install --no-cache-dir --prefix=/install -c constraints.txt . \
+ && pip install --no-cache-dir --prefix=/install "jax[tpu]==0.10.2" \
+      -f https://storage.googleapis.com/jax-releases/libtpu_releases.html
+
+FROM python:3.11.7-slim-bookworm
+COPY --from=build /install /usr/local
+RUN useradd --uid 1000 --create-home --shell /usr/sbin/nologin asyncrl
+USER 1000:1000
+WORKDIR /home/asyncrl
+ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
+ENTRYPOINT ["asyncrl"]

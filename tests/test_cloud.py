@@ -1,0 +1,248 @@
+"""GKE path: JobSet rendering and validation, launch/watch/delete on a Kubernetes API emulator,
+the node-pool request against a loopback GKE API, manifests, and two-process jax.distributed."""
+
+import copy
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+
+from asyncrl.cloud.jobset import GROUP, PLURAL, VERSION, JobSetRunner, job_manifests, render_jobset
+from asyncrl.cloud.provision import (
+    ProvisionError,
+    delete_node_pool,
+    node_pool_request,
+    provision_node_pool,
+)
+from asyncrl.config import load_config
+from asyncrl.testing.gke_stub import gke_stub
+from asyncrl.testing.k8s import k8s_emulator
+
+ROOT = Path(__file__).parent.parent
+CRD = ROOT.parent / "shared" / "data" / "jobset.x-k8s.io_jobsets.yaml"
+K8S_VERSION = "1.33.0"
+GKE = ROOT / "configs" / "qwen2.5-0.5b-v6e.yaml"
+
+
+def _closed(schema):
+    """The CRD schema with additionalProperties: false wherever it lists properties (catches
+    misspelled keys that an open schema would accept)."""
+    schema = copy.deepcopy(schema)
+
+    def walk(node):
+        if isinstance(node, dict):
+            if "properties" in node and "additionalProperties" not in node:
+                node["additionalProperties"] = False
+            for v in node.values():
+                walk(v)
+        elif isinstance(node, list):
+            for v in node:
+                walk(v)
+
+    walk(schema)
+    return schema
+
+
+@pytest.mark.skipif(not CRD.exists(), reason=f"the JobSet CRD is absent: {CRD}")
+@pytest.mark.parametrize(
+    "overrides", [(), ("cluster.placement=remote", "cluster.rollout_replicas=2")]
+)
+def test_rendered_jobset_validates_offline(overrides):
+    cfg = load_config(GKE, overrides)
+    jobset = render_jobset(cfg, "asyncrl-run-1", "gs://bucket/runs/run-1")
+    crd = yaml.safe_load(CRD.read_text())
+    version = next(v for v in crd["spec"]["versions"] if v["name"] == VERSION)
+    jsonschema.validate(jobset, _closed(version["schema"]["openAPIV3Schema"]))
+    for job in job_manifests(jobset):
+        kubernetes_validate.validate(job, K8S_VERSION, strict=True)
+    trainer = jobset["spec"]["replicatedJobs"][0]["template"]["spec"]
+    assert trainer["parallelism"] == 2  # v6e 2x4: two hosts of four chips
+    container = trainer["template"]["spec"]["containers"][0]
+    assert container["resources"]["limits"] == {"google.com/tpu": "4"}
+    env = {e["name"]: e for e in container["env"]}
+    assert env["JAX_NUM_PROCESSES"]["value"] == "2"
+    assert env["JAX_COORDINATOR_ADDRESS"]["value"].startswith("asyncrl-run-1-trainer-0-0.")
+    assert "job-completion-index" in env["JAX_PROCESS_ID"]["valueFrom"]["fieldRef"]["fieldPath"]
+    assert len(jobset["spec"]["replicatedJobs"]) == (2 if overrides else 1)
+
+
+def test_a_misspelled_key_is_caught_by_the_closed_schema():
+    if not CRD.exists():
+        pytest.skip(f"the JobSet CRD is absent: {CRD}")
+    jobset = render_jobset(load_config(GKE), "x", "gs://b/r")
+    jobset["spec"]["replicatedJob"] = jobset["spec"].pop("replicatedJobs")
+    crd = yaml.safe_load(CRD.read_text())
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(
+            jobset, _closed(crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"])
+        )
+
+
+def _set_condition(k, name, kind, after_s):
+    def later():
+        time.sleep(after_s)
+        from kubernetes import client
+
+        client.CustomObjectsApi(k.api_client()).patch_namespaced_custom_object(
+            GROUP,
+            VERSION,
+            "asyncrl",
+            PLURAL,
+            name,
+            {"status": {"conditions": [{"type": kind, "status": "True", "message": f"{kind}!"}]}},
+        )
+
+    threading.Thread(target=later, daemon=True).start()
+
+
+@pytest.mark.parametrize("ending", ["Completed", "Failed", "TimedOut"])
+def test_launch_watch_and_delete_on_the_api_emulator(ending):
+    cfg = load_config(GKE)
+    jobset = render_jobset(cfg, f"run-{ending.lower()}", "gs://b/r")
+    resources = (f"{GROUP}/{VERSION}/{PLURAL}", "v1/pods")
+    with k8s_emulator(resources) as k:
+        runner = JobSetRunner(k.api_client(), "asyncrl", poll_s=0.05)
+        if ending != "TimedOut":
+            _set_condition(k, jobset["metadata"]["name"], ending, after_s=0.3)
+        polls = []
+        outcome = runner.run(jobset, timeout_s=1.5, on_poll=polls.append)
+        assert outcome.state == ending and len(polls) > 1
+        from kubernetes import client
+        from kubernetes.client.exceptions import ApiException
+
+        custom = client.CustomObjectsApi(k.api_client())
+        if ending == "TimedOut":  # deleted, nothing left running
+            with pytest.raises(ApiException) as gone:
+                custom.get_namespaced_custom_object(GROUP, VERSION, "asyncrl", PLURAL, outcome.name)
+            assert gone.value.status == 404
+        else:
+            assert outcome.message == f"{ending}!"
+            got = custom.get_namespaced_custom_object(
+                GROUP, VERSION, "asyncrl", PLURAL, outcome.name
+            )
+            assert got["spec"]["replicatedJobs"][0]["name"] == "trainer"
+
+
+def test_node_pool_request_matches_its_snapshot_and_teardown_deletes_only_it():
+    cfg = load_config(GKE, ["cluster.reservation=my-reservation"])
+    with gke_stub() as stub:
+        record = provision_node_pool(cfg, endpoint=stub.endpoint, poll_s=0.01)
+        assert record["created"] and record["status"] == "RUNNING"
+        create = [r for r in stub.requests if r[0] == "POST"]
+        assert len(create) == 1
+        _, path, body = create[0]
+        snapshot = json.loads((ROOT / "tests/snapshots/node_pool_request.json").read_text())
+        assert {"path": path, "body": body} == snapshot
+        again = provision_node_pool(cfg, endpoint=stub.endpoint, poll_s=0.01)
+        assert not again["created"]  # reused: teardown would leave it alone
+        delete_node_pool(cfg, record, endpoint=stub.endpoint)
+        assert stub.pools == {} and stub.requests[-1][0] == "DELETE"
+
+
+@pytest.mark.parametrize(
+    ("refusal", "message"),
+    [
+        (
+            (403, "PERMISSION_DENIED", "caller lacks container.nodePools.create"),
+            "permission denied",
+        ),
+        ((429, "RESOURCE_EXHAUSTED", "Quota 'TPUV6E' exceeded"), "quota"),
+    ],
+)
+def test_provision_errors_name_the_cause(refusal, message):
+    with gke_stub() as stub:
+        stub.refuse = refusal
+        with pytest.raises(ProvisionError, match=message):
+            provision_node_pool(load_config(GKE), endpoint=stub.endpoint, poll_s=0.01)
+
+
+def test_unknown_topology_fails_before_any_request():
+    cfg = load_config(GKE, ["cluster.tpu_topology=3x3"])
+    with pytest.raises(ProvisionError, match=r"3x3.*known: .*2x4"):
+        node_pool_request(cfg)
+
+
+def _manifests():
+    docs = []
+    for path in sorted((ROOT / "manifests").rglob("*.yaml")):
+        if path.name == "kustomization.yaml":
+            continue
+        docs += [(path, d) for d in yaml.safe_load_all(path.read_text()) if d]
+    return docs
+
+
+def test_manifests_validate_strictly_and_kustomizations_are_complete():
+    docs = _manifests()
+    builtin = [(p, d) for p, d in docs if "kueue" not in d["apiVersion"]]
+    assert {d["kind"] for _, d in builtin} >= {
+        "Namespace",
+        "ServiceAccount",
+        "Role",
+        "RoleBinding",
+        "NetworkPolicy",
+        "Deployment",
+    }
+    for _path, doc in builtin:
+        kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+    for kust in (ROOT / "manifests").rglob("kustomization.yaml"):
+        for ref in yaml.safe_load(kust.read_text())["resources"]:
+            assert (kust.parent / ref).exists(), f"{kust}: {ref} missing"
+    role = next(d for _, d in builtin if d["kind"] == "Role")
+    verbs = {v for rule in role["rules"] for v in rule["verbs"]}
+    assert "*" not in verbs and not any(d["kind"].startswith("Cluster") for _, d in builtin)
+    policy = next(d for _, d in builtin if d["kind"] == "NetworkPolicy")
+    assert policy["spec"]["egress"] == [] and "Egress" in policy["spec"]["policyTypes"]
+
+
+def test_two_process_jax_distributed_step_is_consistent_and_equals_one_process(tmp_path):
+    """Two processes (one CPU device each) take one data-parallel SFT step of the micro model;
+    both see the same loss and parameters, equal to the same step in a single process."""
+    port = 20000 + os.getpid() % 20000
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "asyncrl.cloud.distributed", "--selftest"],
+            env=env
+            | {
+                "JAX_PLATFORMS": "cpu",
+                "JAX_COORDINATOR_ADDRESS": f"127.0.0.1:{port}",
+                "JAX_NUM_PROCESSES": "2",
+                "JAX_PROCESS_ID": str(i),
+            },
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for i in range(2)
+    ]
+    outs = [p.communicate(timeout=300)[0] for p in procs]
+    assert all(p.returncode == 0 for p in procs), outs
+    results = [
+        json.loads(line.split(" ", 1)[1])
+        for o in outs
+        for line in o.splitlines()
+        if line.startswith("SELFTEST ")
+    ]
+    assert [r["processes"] for r in results] == [2, 2] and results[0]["devices"] == 2
+    assert results[0]["loss"] == results[1]["loss"]
+    assert results[0]["params_digest"] == results[1]["params_digest"]
+    single = subprocess.run(
+        [sys.executable, "-m", "asyncrl.cloud.distributed", "--selftest"],
+        env=env | {"JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_force_host_platform_device_count=2"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    one = json.loads(
+        next(x for x in single.stdout.splitlines() if x.startswith("SELFTEST ")).split(" ", 1)[1]
+    )
+    assert one["processes"] == 1 and one["devices"] == 2
+    assert one["loss"] == pytest.approx(results[0]["loss"], abs=1e-5)
