@@ -115,8 +115,19 @@ class EnvConfig:
     heldout_size: int = 64
     # Seed of the deterministic task generators.
     seed: int = 0
+    # Injected environment latency (benchmarks, soak tests): lognormal per reset and step with
+    # this median and 99th percentile in seconds (0 = none).
+    latency_p50_s: float = 0.0
+    latency_p99_s: float = 0.0
 
     def __post_init__(self) -> None:
+        require(
+            self.latency_p50_s >= 0
+            and (self.latency_p50_s == 0 or self.latency_p99_s >= self.latency_p50_s),
+            "latency_p99_s",
+            self.latency_p99_s,
+            f"a number >= latency_p50_s={self.latency_p50_s}",
+        )
         require(len(self.tasks) > 0, "tasks", self.tasks, "a non-empty list of task families")
         require(len(set(self.tasks)) == len(self.tasks), "tasks", self.tasks, "no repeated family")
         for name in (

@@ -7,10 +7,12 @@ and the benchmarks run episodes exactly the same way.
 from __future__ import annotations
 
 import asyncio
+import random
 from dataclasses import dataclass
 
 from asyncrl.agents import ModelAgent, ToolAgent
 from asyncrl.config import RunConfig
+from asyncrl.envs.latency import DelayedEnvironment, LatencySpec
 from asyncrl.envs.registry import build_environment
 from asyncrl.envs.tasks import heldout
 from asyncrl.gates.evaluation import EvalSummary, run_episodes, summarize
@@ -33,7 +35,12 @@ class Wiring:
         return cls(cfg=cfg, fmt=build_chat_format(cfg.tokenizer, tokenizer))
 
     def make_env(self, task):
-        return build_environment(task, self.cfg.env)
+        env = build_environment(task, self.cfg.env)
+        e = self.cfg.env
+        if e.latency_p50_s > 0:
+            spec = LatencySpec(kind="lognormal", p50_s=e.latency_p50_s, p99_s=e.latency_p99_s)
+            env = DelayedEnvironment(env, spec, random.Random(task.id))
+        return env
 
     def make_agent(self):
         return ToolAgent(self.fmt) if self.cfg.env.agent == "tool" else ModelAgent(self.fmt)
