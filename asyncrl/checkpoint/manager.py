@@ -27,10 +27,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
+from absl import logging as absl_logging
 from jax.sharding import NamedSharding
 
 from asyncrl import storage
 from asyncrl.learner.step import TrainState
+
+# Orbax reports every save phase at INFO through absl; a run's log needs only its warnings.
+absl_logging.set_verbosity(absl_logging.WARNING)
 
 COMMIT = "COMMIT"
 ITEMS = ("train_state", "pipeline")
