@@ -25,18 +25,12 @@ import tempfile
 import time
 from pathlib import Path
 
+from asyncrl.testing.configs import MICRO_OVERRIDES
+
 MICRO = [
-    "model.preset=micro",
-    "env.max_context=256",
-    "rollout.prefill_buckets=[16,64,128]",
-    "rollout.attention_windows=[64,128,256]",
-    "rollout.max_tokens=32",
-    "rollout.group_size=4",
+    *MICRO_OVERRIDES,
     "rollout.max_concurrency=16",
     "rollout.engine_slots=16",
-    "env.max_response_tokens=96",
-    "learner.max_response_length=128",
-    "learner.batch_size=8",
     "learner.eval_every=0",
     "learner.time_budget_s=0",
     "learner.sync_every=1",

@@ -27,20 +27,9 @@ def _learner(cfg=None):
 
 def _stepped_state(learner):
     """A state whose optimizer moments are non-zero (one SFT step on a fixed batch)."""
-    from asyncrl.types import Trajectory
+    from asyncrl.testing.trajectories import fixed_trajectory
 
-    tokens = tuple(range(3, 40))
-    traj = Trajectory(
-        id="t",
-        group_id="g",
-        task_id="x",
-        tokens=tokens,
-        loss_mask=(0,) + (1,) * (len(tokens) - 1),
-        logprobs=(0.0,) * len(tokens),
-        versions=(0,) * len(tokens),
-        reward=1.0,
-    )
-    learner.sft_step(learner.sft_batch([traj]))
+    learner.sft_step(learner.sft_batch([fixed_trajectory(37)]))
     return learner.state
 
 

@@ -45,23 +45,13 @@ def selftest() -> dict[str, object]:
     from asyncrl.learner.learner import Learner
     from asyncrl.model import build_model
     from asyncrl.testing.configs import micro_config
-    from asyncrl.types import Trajectory
+    from asyncrl.testing.trajectories import fixed_trajectory
 
     cfg = micro_config()
     devices = np.array(jax.devices()).reshape(1, -1, 1)
     mesh = Mesh(devices, ("data", "fsdp", "tensor"))
     learner = Learner(build_model(cfg.model, seed=0), cfg.learner, max_len=256, mesh=mesh, sft=True)
-    tokens = tuple(range(3, 60))
-    traj = Trajectory(
-        id="t",
-        group_id="g",
-        task_id="x",
-        tokens=tokens,
-        loss_mask=(0,) + (1,) * (len(tokens) - 1),
-        logprobs=(0.0,) * len(tokens),
-        versions=(0,) * len(tokens),
-        reward=1.0,
-    )
+    traj = fixed_trajectory(57)
     metrics = learner.sft_step(learner.sft_batch([traj, traj]))
     local = jax.tree.map(
         lambda x: np.asarray(jax.experimental.multihost_utils.process_allgather(x, tiled=True)),
