@@ -246,6 +246,15 @@ def _cmd_jobset_render(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_rollout_server(args: argparse.Namespace) -> int:
+    """A rollout replica for placement 'remote': serve an engine on a TCP port."""
+    cfg = load_config(args.config, args.overrides)
+    from asyncrl.stages.rollout_server import serve
+
+    serve(cfg, args.host, args.port, args.init_model, args.ready_file)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="asyncrl", description="Asynchronous agentic-RL post-training on JAX."
@@ -297,6 +306,15 @@ def build_parser() -> argparse.ArgumentParser:
     wait.add_argument("--host", required=True)
     wait.add_argument("--timeout", type=float, default=6 * 3600)
     wait.set_defaults(func=_cmd_pipeline_wait)
+
+    rs = sub.add_parser("rollout-server", help="serve a rollout engine (placement: remote)")
+    _config_args(rs)
+    rs.add_argument("--host", default="127.0.0.1")
+    rs.add_argument("--port", type=int, default=0, help="0 = any free port")
+    rs.add_argument("--init-model", help="HF model folder to start from")
+    rs.add_argument("--ready-file", help="write host:port here once serving")
+    rs.add_argument("--run-dir", help="(accepted for symmetry with train; unused)")
+    rs.set_defaults(func=_cmd_rollout_server)
 
     prov = sub.add_parser("provision", help="create or reuse the GKE TPU node pool")
     _config_args(prov)

@@ -47,15 +47,18 @@ def test_missing_config_file_exits_2(capsys):
 
 
 @pytest.mark.entry
-def test_run_checks_warm_starts_and_trains(tmp_path):
+def test_run_executes_the_pipeline_and_exits_by_its_outcome(tmp_path):
+    """`asyncrl run` (what `make run` calls): the pipeline through kfp.local, exit 0 on success."""
     args = [
         *MICRO_OVERRIDES,
         f"pipeline.runs_dir={tmp_path}",
         "pipeline.run_id=t1",
+        "pipeline.stages=[provision,warm_start,train,report]",
         "learner.sft_steps=3",
         "learner.sft_content_steps=1",
         "learner.sft_batch_size=4",
         "learner.steps=2",
+        "learner.time_budget_s=0",
         "learner.eval_every=2",
         "env.heldout_size=2",
         "env.train_size=8",
@@ -65,14 +68,11 @@ def test_run_checks_warm_starts_and_trains(tmp_path):
         capture_output=True,
         text=True,
     )
-    assert out.returncode == 0, out.stderr
-    result = json.loads((tmp_path / "t1" / "model_check.json").read_text())
-    assert result["ok"] is True
+    assert out.returncode == 0, out.stderr[-3000:]
     run = tmp_path / "t1"
-    assert (run / "model" / "model.safetensors").exists()
+    assert json.loads((run / "model_check.json").read_text())["ok"] is True
     assert load_config(run / "config.yaml").model.preset == "micro"
     assert json.loads((run / "warm_start" / "warm_start.json").read_text())["steps"] == 3
-    trained = json.loads((run / "train" / "train.json").read_text())
-    assert trained["steps"] == 2
-    assert (run / "train" / "learning_curve.png").exists()
-    assert "train: 2 RL steps" in out.stdout
+    assert json.loads((run / "train" / "train.json").read_text())["steps"] == 2
+    assert json.loads((run / "teardown.json").read_text())["pipeline_state"] == "SUCCEEDED"
+    assert (run / "report.html").exists() and (run / "train" / "learning_curve.png").exists()

@@ -26,6 +26,7 @@ TINY = (
     "env.heldout_size=1",
     "env.train_size=8",
     "gate.samples_per_task=1",
+    "gate.min_solve_rate=0.0",
     "tracing.tensorboard=false",
 )
 

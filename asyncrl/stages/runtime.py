@@ -49,10 +49,11 @@ def make_placement(cfg: RunConfig) -> Placement:
 
     devices = jax.devices()
     c = cfg.cluster
-    if c.placement == "colocated":
+    if c.placement in ("colocated", "remote"):
         n = c.train_devices or len(devices)
         train = rollout = tuple(devices[:n])
-        lock: threading.Lock | None = threading.Lock()
+        # Remote: the engines live in other processes; the learner has these devices alone.
+        lock: threading.Lock | None = threading.Lock() if c.placement == "colocated" else None
     else:
         r = c.rollout_devices or max(1, len(devices) // 2)
         t = c.train_devices or len(devices) - r

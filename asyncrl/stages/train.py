@@ -25,7 +25,7 @@ from asyncrl import tracing
 from asyncrl.checkpoint import faults
 from asyncrl.checkpoint.manager import Checkpointer, CheckpointError, digest, flatten
 from asyncrl.checkpoint.pipeline_state import PipelineState, incompatibilities
-from asyncrl.config import RunConfig
+from asyncrl.config import RunConfig, to_yaml
 from asyncrl.envs.base import Task
 from asyncrl.envs.tasks import task_stream
 from asyncrl.learner.learner import Learner
@@ -129,21 +129,28 @@ def train(cfg: RunConfig, run_dir: Path, init_model: str | None = None) -> Train
     )
     tracker = None
     engine = None
+    replicas = None
     try:
         state = resume(checkpointer, learner, cfg)
         if learner.step:  # what was restored, for the recovery test and the operator
             restored = digest(flatten(learner.state))  # computed afresh, not copied
             resumed = {"step": learner.step, "version": state.version, "digest": restored}
             (out / RESUME_FILE).write_text(json.dumps(resumed) + "\n")
-        engine = wiring.engine(
-            learner.model(), placement=placement.engine_sharding, device_lock=placement.device_lock
-        )
+        if cfg.cluster.placement == "remote":
+            engine, replicas = _remote_engine(cfg, run_dir, learner, source)
+        else:
+            engine = wiring.engine(
+                learner.model(),
+                placement=placement.engine_sharding,
+                device_lock=placement.device_lock,
+            )
         if state.version:
             engine.publish(learner.params_copy(), state.version)
         tracker = JsonlTracker(out / "metrics.jsonl")
         if cfg.tracing.tensorboard:
             tracker = Trackers(tracker, TensorBoardTracker(out / "tensorboard"))
-        engine.warmup()
+        if hasattr(engine, "warmup"):
+            engine.warmup()
         tracer = (
             tracing.PerfettoTracer(out / TRACE_FILE, chunk_events=cfg.tracing.chunk_events)
             if cfg.tracing.enabled
@@ -155,12 +162,41 @@ def train(cfg: RunConfig, run_dir: Path, init_model: str | None = None) -> Train
     finally:
         if engine is not None:
             engine.close()
+        if replicas is not None:
+            replicas.stop()
         if tracker is not None:
             tracker.close()
         checkpointer.close()
     hf.save(learner.model(), str(out / "model"))
     (out / RESULT_FILE).write_text(json.dumps(asdict(result), indent=2))
     return result
+
+
+def _remote_engine(cfg: RunConfig, run_dir: Path, learner: Learner, init_model: str | None):
+    """Rollout replicas in their own processes (loopback here; JobSet pods on GKE, whose
+    addresses come in ASYNCRL_ROLLOUT_ADDRESSES as host:port,host:port)."""
+    import os
+
+    from flax import nnx
+
+    from asyncrl.rollout.remote import RemoteEngine
+    from asyncrl.stages.rollout_server import start_local_replicas
+
+    def save_params(params, folder: Path) -> None:
+        hf.save(nnx.merge(learner.graphdef, params, learner.rest), str(folder))
+
+    given = os.environ.get("ASYNCRL_ROLLOUT_ADDRESSES")
+    replicas = None
+    if given:
+        addresses = [(a.rsplit(":", 1)[0], int(a.rsplit(":", 1)[1])) for a in given.split(",")]
+    else:
+        config_file = run_dir / "train" / "rollout-config.yaml"
+        config_file.write_text(to_yaml(cfg))
+        replicas = start_local_replicas(
+            config_file, cfg.cluster.rollout_replicas, init_model, run_dir / "train" / "replicas"
+        )
+        addresses = replicas.addresses
+    return RemoteEngine(addresses, run_dir / "train" / "weights", save_params), replicas
 
 
 def build_loop(
