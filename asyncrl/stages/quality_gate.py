@@ -46,7 +46,9 @@ def eval_key(cfg: RunConfig) -> str:
 
 
 def champion_uri(cfg: RunConfig) -> str:
-    return cfg.gate.champion or str(Path(cfg.pipeline.runs_dir) / "champion")
+    """The registry location; a local one is made absolute (its pointer records model paths)."""
+    uri = cfg.gate.champion or str(Path(cfg.pipeline.runs_dir) / "champion")
+    return uri if uri.startswith("gs://") else str(Path(uri).absolute())
 
 
 def candidate_model(run_dir: Path) -> Path:
