@@ -1,5 +1,5 @@
 """Stage: a rollout replica (`placement: remote`). An engine on this process's devices, served on
-a TCP port (protocol in `rollout/remote.py`); weights arrive per version as safetensors folders.
+a TCP port (protocol in `sampling/remote.py`); weights arrive per version as safetensors folders.
 
 `start_local_replicas` launches replicas as child processes on loopback for the local backend
 (on GKE they are the JobSet's rollout pods); each prints `LISTENING host:port` when it serves.
@@ -26,7 +26,7 @@ def serve(
 
     from asyncrl.model import build_model
     from asyncrl.model import hf_checkpoint as hf
-    from asyncrl.rollout.remote import RolloutServer
+    from asyncrl.sampling.remote import RolloutServer
     from asyncrl.stages.common import Wiring
 
     wiring = Wiring.of(cfg)

@@ -179,7 +179,7 @@ def _remote_engine(cfg: RunConfig, run_dir: Path, learner: Learner, init_model: 
 
     from flax import nnx
 
-    from asyncrl.rollout.remote import RemoteEngine
+    from asyncrl.sampling.remote import RemoteEngine
     from asyncrl.stages.rollout_server import start_local_replicas
 
     def save_params(params, folder: Path) -> None:
