@@ -1,6 +1,7 @@
 """The `RolloutEngine` seam: tokens in, tokens + log-probs + policy versions out.
 
-Implementations: the in-process continuous-batching `Engine` and, later, a remote client. Agents and
+Implementations: the in-process continuous-batching `Engine` and `remote.RemoteEngine` (replicas in
+other processes). Agents and
 the orchestrator depend on this protocol only.
 """
 
