@@ -38,6 +38,7 @@ MICRO = [
     "checkpoint.every_steps=50",
     "tracing.enabled=false",
     "tracing.tensorboard=false",
+    "learner.sft_content_steps=0",
     "learner.sft_steps=0",
 ]
 
