@@ -85,6 +85,19 @@ def _train(cfg, steps, admission_on=True, slow_s=0.0):
     return learner, stats
 
 
+def test_publishing_every_second_step_keeps_training_and_bounds_lag():
+    """With sync_every = 2 a version covers two steps' groups: admission must not starve."""
+    cfg = micro_config(
+        "learner.mode=async",
+        "learner.max_staleness=1",
+        "learner.sync_every=2",
+        "env.agent=model",
+        "env.tasks=[calculator]",
+    )
+    _, stats = _train(cfg, 6)
+    assert stats.steps == 6 and max(stats.lags) <= 1
+
+
 def test_async_with_zero_staleness_equals_sync():
     base = ("learner.lr=1e-3", "learner.sync_every=1", "env.agent=model", "env.tasks=[calculator]")
     sync_learner, _ = _train(micro_config(*base, "learner.mode=sync", "learner.max_staleness=0"), 3)

@@ -36,7 +36,8 @@ from asyncrl.types import Group, TrajectoryStatus
 
 
 class StalenessAdmission:
-    """Admit the n-th group only while n < (version + max_staleness + 1) × groups per step.
+    """Admit the n-th group only while n < (version + max_staleness + 1) × groups per version
+    (groups per step × `sync_every`).
 
     Groups that were dropped (stale, or failed under the "drop" policy) are not counted: they
     free their place in the budget.

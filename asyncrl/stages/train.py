@@ -226,7 +226,9 @@ def build_loop(
         max(cfg.rollout.max_ready_groups, gps),
     )
     wanted = cfg.learner.mode == "async" if admission is None else admission
-    bound = StalenessAdmission(gps, cfg.learner.max_staleness) if wanted else None
+    # One policy version covers `sync_every` steps' worth of groups.
+    per_version = gps * cfg.learner.sync_every
+    bound = StalenessAdmission(per_version, cfg.learner.max_staleness) if wanted else None
     if bound is not None:  # as if the trained groups had been admitted at their versions
         bound.version, bound.started = state.version, len(state.cursor.trained)
     settings = OrchestratorSettings(
