@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from asyncrl.config import load_config, to_yaml
+from asyncrl.config.ops import ALL_STAGES
 from asyncrl.pipeline import remote
 from asyncrl.testing.configs import MICRO_OVERRIDES
 from asyncrl.testing.kfp_stub import kfp_stub
@@ -76,14 +77,7 @@ def _local_run(tmp_path, *overrides):
 def test_the_local_pipeline_runs_every_stage_and_passes(tmp_path):
     result = _local_run(tmp_path)
     assert result.succeeded and result.final_state == "SUCCEEDED"
-    assert result.stages_done == (
-        "provision",
-        "warm_start",
-        "train",
-        "recovery_test",
-        "quality_gate",
-        "report",
-    )
+    assert result.stages_done == ALL_STAGES  # every stage, in order
     assert result.gate_passed is True and result.teardown_ran
     champion = json.loads((tmp_path / "ch" / "CURRENT.json").read_text())
     assert champion["run_id"] == result.run_dir.name  # first run: promoted by the last stage
