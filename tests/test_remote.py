@@ -50,3 +50,30 @@ def test_remote_placement_trains_and_survives_a_killed_replica(tmp_path):
     assert train_rows[-1]["version"] == 6.0
     # Weights went out once per version, as safetensors folders both sides read.
     assert sorted(p.name for p in (tmp_path / "train" / "weights").iterdir())[-1] == "v6"
+
+
+def test_with_every_replica_gone_the_orchestrator_stops_with_a_clear_error(tmp_path):
+    import asyncio
+
+    import pytest
+
+    from asyncrl.envs.tasks import task_stream
+    from asyncrl.rollout.groups import GroupQueue
+    from asyncrl.rollout.orchestrator import Orchestrator, OrchestratorSettings
+    from asyncrl.sampling.protocol import EngineClosed
+    from asyncrl.sampling.remote import RemoteEngine
+    from asyncrl.stages.common import Wiring
+
+    cfg = micro_config()
+    wiring = Wiring.of(cfg)
+    engine = RemoteEngine([("127.0.0.1", 9)], tmp_path, save_params=None)
+    engine.replicas[0].alive = False  # the only replica has died
+    settings = OrchestratorSettings(
+        group_size=4, max_concurrency=8, limits=wiring.limits(), sampling=wiring.sampling()
+    )
+    orch = Orchestrator(
+        engine, GroupQueue(4), settings, make_env=wiring.make_env, make_agent=wiring.make_agent
+    )
+    tasks = task_stream(cfg.env.tasks, "train", 4)
+    with pytest.raises(EngineClosed, match="no rollout engine"):
+        asyncio.run(orch.run(tasks))

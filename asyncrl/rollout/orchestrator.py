@@ -23,7 +23,7 @@ from asyncrl.envs.base import Environment, Task
 from asyncrl.rollout.cursor import DataCursor
 from asyncrl.rollout.episode import Episode, EpisodeLimits, EpisodeSpec
 from asyncrl.rollout.groups import GroupQueue
-from asyncrl.sampling.protocol import RolloutEngine
+from asyncrl.sampling.protocol import EngineClosed, RolloutEngine
 from asyncrl.tracing import flow_id
 from asyncrl.types import SamplingParams, Trajectory, TrajectoryStatus
 
@@ -92,6 +92,8 @@ class Orchestrator:
                     await self.admission.wait()
                 if self._stopping:
                     break
+                if getattr(self.engine, "exhausted", False):
+                    raise EngineClosed("no rollout engine is left to serve episodes")
                 if isinstance(item, tuple):
                     n, task, replay = item
                 else:

@@ -12,8 +12,8 @@ read (the run folder; on GKE a gs:// folder mounted with Cloud Storage FUSE): th
 each request goes to the live replica with the fewest requests in flight; a replica that stops
 answering (connection refused or reset, or a failed health check) is marked dead, and the request
 fails with `EngineClosed`, so the episode ends as cancelled and the group queue's retry policy
-re-issues it under the same group id on a live replica. With no live replica left, every
-request fails the same way and the run stops cleanly.
+re-issues it under the same group id on a live replica. With no live replica left the engine is
+`exhausted` and the orchestrator ends the run with `EngineClosed` (a clear error, no busy loop).
 """
 
 from __future__ import annotations
@@ -156,6 +156,11 @@ class RemoteEngine:
     @property
     def version(self) -> int:
         return self._version
+
+    @property
+    def exhausted(self) -> bool:
+        """No replica left: the orchestrator stops the run instead of failing episodes forever."""
+        return not self.live
 
     @property
     def slots_in_use(self) -> int:
