@@ -30,6 +30,8 @@ ROOT = Path(__file__).parent.parent
 CRD = ROOT.parent / "shared" / "data" / "jobset.x-k8s.io_jobsets.yaml"
 K8S_VERSION = "1.33.0"
 GKE = ROOT / "configs" / "qwen2.5-0.5b-v6e.yaml"
+# One data-parallel step over 2 processes vs 1 process: float32 reduction-order noise.
+LOSS_TOL = 1e-5
 
 
 def _closed(schema):
@@ -245,4 +247,4 @@ def test_two_process_jax_distributed_step_is_consistent_and_equals_one_process(t
         next(x for x in single.stdout.splitlines() if x.startswith("SELFTEST ")).split(" ", 1)[1]
     )
     assert one["processes"] == 1 and one["devices"] == 2
-    assert one["loss"] == pytest.approx(results[0]["loss"], abs=1e-5)
+    assert one["loss"] == pytest.approx(results[0]["loss"], abs=LOSS_TOL)
