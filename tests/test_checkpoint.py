@@ -196,6 +196,8 @@ def test_restore_then_step_equals_no_restart(tmp_path):
     train(_resume_cfg(tmp_path, 1), split)
     result = train(_resume_cfg(tmp_path, 2), split)  # resumes at step 1
     assert json.loads((split / "train" / "resume.json").read_text())["step"] == 1
+    # The first attempt's trace is kept beside the resumed run's.
+    assert (split / "train" / "trace.1.perfetto-trace").exists()
     assert result.steps == 2
     assert _equal_bits(_params(straight), _params(split))
     ckpt = Checkpointer(str(split / "checkpoints"))

@@ -151,8 +151,12 @@ def train(cfg: RunConfig, run_dir: Path, init_model: str | None = None) -> Train
             tracker = Trackers(tracker, TensorBoardTracker(out / "tensorboard"))
         if hasattr(engine, "warmup"):
             engine.warmup()
+        trace = out / TRACE_FILE
+        if trace.exists():  # an earlier (perhaps killed) attempt's trace is kept, numbered
+            n = len(list(out.glob("trace.*.perfetto-trace"))) + 1
+            trace.rename(out / f"trace.{n}.perfetto-trace")
         tracer = (
-            tracing.PerfettoTracer(out / TRACE_FILE, chunk_events=cfg.tracing.chunk_events)
+            tracing.PerfettoTracer(trace, chunk_events=cfg.tracing.chunk_events)
             if cfg.tracing.enabled
             else tracing.NullTracer()
         )
