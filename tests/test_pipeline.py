@@ -50,7 +50,7 @@ def test_gke_pipeline_carries_tpu_settings_and_retries():
     assert selectors["cloud.google.com/gke-tpu-accelerator"] == "tpu-v6e-slice"
     assert train["tolerations"][0]["key"] == "google.com/tpu"
     container = pipeline["deploymentSpec"]["executors"]["exec-train"]["container"]
-    assert container["resources"]["accelerator"]["resourceCount"] == "8"
+    assert container["resources"]["accelerator"]["resourceCount"] == "4"  # one v6e host's chips
     tasks = pipeline["components"]["comp-exit-handler-1"]["dag"]["tasks"]
     assert "retryPolicy" in tasks["provision"] and "retryPolicy" not in tasks["quality-gate"]
     assert pipeline["root"]["dag"]["tasks"]["teardown"]["triggerPolicy"]["strategy"] == (

@@ -18,22 +18,9 @@ through `kfp.local` (see `pipeline/local.py`), where those settings have no effe
 
 from kfp import dsl, kubernetes
 
+from asyncrl.cloud.jobset import ACCELERATOR, slice_shape
 from asyncrl.config import RunConfig
 from asyncrl.pipeline.components import components
-
-# GKE's accelerator label value and chips per host for each TPU generation.
-TPU_ACCELERATOR = {
-    "v5e": "tpu-v5-lite-podslice",
-    "v5p": "tpu-v5p-slice",
-    "v6e": "tpu-v6e-slice",
-}
-
-
-def tpu_chips(topology: str) -> int:
-    n = 1
-    for part in topology.split("x"):
-        n *= int(part)
-    return n
 
 
 def _on_tpu(task, cfg: RunConfig) -> None:
@@ -41,13 +28,13 @@ def _on_tpu(task, cfg: RunConfig) -> None:
     kubernetes.add_node_selector(
         task,
         label_key="cloud.google.com/gke-tpu-accelerator",
-        label_value=TPU_ACCELERATOR[c.tpu_type],
+        label_value=ACCELERATOR[c.tpu_type],
     )
     kubernetes.add_node_selector(
         task, label_key="cloud.google.com/gke-tpu-topology", label_value=c.tpu_topology
     )
     kubernetes.add_toleration(task, key="google.com/tpu", operator="Exists", effect="NoSchedule")
-    chips = min(tpu_chips(c.tpu_topology), 8 if c.tpu_type == "v6e" else 4)  # one host's chips
+    _, chips = slice_shape(c.tpu_type, c.tpu_topology)  # one host's chips, as the node pool has
     task.set_accelerator_type("google.com/tpu").set_accelerator_limit(chips)
 
 
