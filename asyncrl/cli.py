@@ -76,6 +76,9 @@ def _cmd_train(args: argparse.Namespace) -> int:
     from asyncrl.stages.runtime import ensure_host_devices
 
     ensure_host_devices(cfg)
+    from asyncrl.cloud.distributed import initialize_from_env
+
+    initialize_from_env()  # a JobSet trainer pod joins its slice's JAX job (no-op elsewhere)
     from asyncrl.checkpoint.manager import CheckpointError
     from asyncrl.stages.train import train
 
