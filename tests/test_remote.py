@@ -66,7 +66,7 @@ def test_with_every_replica_gone_the_orchestrator_stops_with_a_clear_error(tmp_p
 
     cfg = micro_config()
     wiring = Wiring.of(cfg)
-    engine = RemoteEngine([("127.0.0.1", 9)], tmp_path, save_params=None)
+    engine = RemoteEngine([("127.0.0.1", 9)], tmp_path, save_params=None, health_interval_s=0)
     engine.replicas[0].alive = False  # the only replica has died
     settings = OrchestratorSettings(
         group_size=4, max_concurrency=8, limits=wiring.limits(), sampling=wiring.sampling()
@@ -77,3 +77,20 @@ def test_with_every_replica_gone_the_orchestrator_stops_with_a_clear_error(tmp_p
     tasks = task_stream(cfg.env.tasks, "train", 4)
     with pytest.raises(EngineClosed, match="no rollout engine"):
         asyncio.run(orch.run(tasks))
+
+
+def test_health_checks_mark_a_silent_replica_dead(tmp_path):
+    """No request needed: the periodic health check notices a replica that stopped answering."""
+    import socket
+
+    from asyncrl.sampling.remote import RemoteEngine
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    engine = RemoteEngine([("127.0.0.1", port)], tmp_path, save_params=None, health_interval_s=0.05)
+    deadline = time.monotonic() + 10
+    while engine.live and time.monotonic() < deadline:
+        time.sleep(0.05)
+    engine.close()
+    assert engine.exhausted and engine.lost == [f"127.0.0.1:{port}"]

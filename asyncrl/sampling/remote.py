@@ -144,7 +144,13 @@ class Replica:
 class RemoteEngine:
     """The trainer's view of the rollout replicas (a `RolloutEngine`)."""
 
-    def __init__(self, replicas: list[tuple[str, int]], weights_dir: Path, save_params) -> None:
+    def __init__(
+        self,
+        replicas: list[tuple[str, int]],
+        weights_dir: Path,
+        save_params,
+        health_interval_s: float = 5.0,
+    ) -> None:
         self.replicas = [Replica(h, p) for h, p in replicas]
         self.weights_dir = Path(weights_dir)
         self.save_params = save_params  # (params, folder) -> None
@@ -152,6 +158,19 @@ class RemoteEngine:
         self._publishing = threading.Lock()
         self.lost: list[str] = []
         self.stats = EngineStats()  # generated_tokens, for the trace's tokens/s counter
+        self._closed = threading.Event()
+        if health_interval_s > 0:  # a replica that dies while idle is noticed, too
+            threading.Thread(
+                target=self._watch, args=(health_interval_s,), daemon=True, name="replica-health"
+            ).start()
+
+    def _watch(self, interval_s: float) -> None:
+        while not self._closed.wait(interval_s):
+            for replica in self.live:
+                try:
+                    asyncio.run(_exchange(replica.host, replica.port, {"op": "health"}, 10.0))
+                except (OSError, ConnectionError, json.JSONDecodeError):
+                    self._mark_dead(replica)
 
     @property
     def version(self) -> int:
@@ -228,4 +247,4 @@ class RemoteEngine:
         return out
 
     def close(self) -> None:
-        pass
+        self._closed.set()
