@@ -166,11 +166,7 @@ class RemoteEngine:
 
     def _watch(self, interval_s: float) -> None:
         while not self._closed.wait(interval_s):
-            for replica in self.live:
-                try:
-                    asyncio.run(_exchange(replica.host, replica.port, {"op": "health"}, 10.0))
-                except (OSError, ConnectionError, json.JSONDecodeError):
-                    self._mark_dead(replica)
+            self.health()
 
     @property
     def version(self) -> int:
@@ -235,8 +231,9 @@ class RemoteEngine:
                     self._mark_dead(replica)
 
     def health(self) -> dict[str, dict]:
-        out = {}
-        for replica in self.replicas:
+        """Ask every live replica; one that does not answer is marked dead (dead ones: not ok)."""
+        out: dict[str, dict] = {r.name: {"ok": False} for r in self.replicas if not r.alive}
+        for replica in self.live:
             try:
                 out[replica.name] = asyncio.run(
                     _exchange(replica.host, replica.port, {"op": "health"}, 10.0)

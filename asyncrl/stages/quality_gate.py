@@ -53,7 +53,7 @@ def champion_uri(cfg: RunConfig) -> str:
 
 def candidate_model(run_dir: Path) -> Path:
     for rel in ("train/model", "warm_start/model", "model"):
-        if (run_dir / rel / "model.safetensors").exists() or (run_dir / rel).is_dir():
+        if (run_dir / rel).is_dir():
             return run_dir / rel
     raise FileNotFoundError(f"no model under {run_dir} (train/model or warm_start/model)")
 
