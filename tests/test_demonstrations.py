@@ -18,9 +18,10 @@ FMT = ChatFormat("chatml", ByteTokenizer())
 TASKS = [calculator_task("train", 4), lookup_task("train", 4)]
 
 
+@pytest.mark.parametrize("verbose", [False, True], ids=["bare", "verbose"])
 @pytest.mark.parametrize("task", TASKS, ids=lambda t: t.family)
-def test_demonstration_equals_an_episode_that_replays_the_expert(task):
-    turns = [m for m in expert_messages(task) if m.role == Role.ASSISTANT]
+def test_demonstration_equals_an_episode_that_replays_the_expert(task, verbose):
+    turns = [m for m in expert_messages(task, verbose) if m.role == Role.ASSISTANT]
     replies = [([*FMT.body(m), FMT.end_of_turn], FinishReason.STOP) for m in turns]
     counter = iter(replies)
     engine = ScriptedEngine(lambda request: next(counter))
@@ -32,8 +33,9 @@ def test_demonstration_equals_an_episode_that_replays_the_expert(task):
     )
     env = build_environment(task, EnvConfig())
     traj = asyncio.run(Episode(spec, engine, ToolAgent(FMT), env, EpisodeLimits()).run())
-    demo = demonstration(task, FMT)
-    assert traj.status == TrajectoryStatus.COMPLETED and traj.reward == 1.0
+    demo = demonstration(task, FMT, verbose_fraction=float(verbose))
+    assert traj.status == TrajectoryStatus.COMPLETED
+    assert traj.reward == demo.reward == (0.0 if verbose else 1.0)  # the verifier wants the number
     assert traj.tokens[: len(demo.tokens)] == demo.tokens
     assert traj.loss_mask[: len(demo.tokens)] == demo.loss_mask
 
@@ -51,3 +53,13 @@ def test_content_mask_keeps_argument_values_and_answers_only(task):
             values += [str(v) for c in m.tool_calls for v in c.arguments().values()]
             values += [m.content] if m.content else []
     assert kept == "".join(values)
+
+
+def test_the_mix_of_demonstrations_follows_the_configured_shares():
+    tasks = [calculator_task("train", i) for i in range(400)]
+    demos = [demonstration(t, FMT, tool_fraction=0.5, verbose_fraction=0.25) for t in tasks]
+    texts = [FMT.tok.decode(list(d.tokens)) for d in demos]
+    tools = sum("<tool_call>" in t for t in texts) / len(texts)
+    verbose = sum("(according to the tools)" in t for t in texts) / sum("<tool_call>" in t for t in texts)
+    assert abs(tools - 0.5) < 0.1 and abs(verbose - 0.25) < 0.1  # 400 fixed draws
+    assert demos == [demonstration(t, FMT, tool_fraction=0.5, verbose_fraction=0.25) for t in tasks]

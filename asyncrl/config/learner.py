@@ -76,6 +76,10 @@ class LearnerConfig:
     # teacher's guess (mixed-quality demonstrations: a warm start that uses tools only sometimes,
     # which is the behaviour agentic RL has to turn into reliable tool use).
     sft_tool_fraction: float = 1.0
+    # Share of (tool-using) demonstrations whose final answer carries a remark ("391 (according to
+    # the tools)") instead of being the bare number the built-in tasks' exact-match reward asks for: a verbose
+    # teacher, whose habit agentic RL has to turn into answers the verifier accepts.
+    sft_verbose_fraction: float = 0.0
 
     def __post_init__(self) -> None:
         for name in (
@@ -92,12 +96,9 @@ class LearnerConfig:
             require(value >= 0, name, value, "an integer >= 0")
         require(self.lr > 0, "lr", self.lr, "a number > 0")
         require(self.sft_lr > 0, "sft_lr", self.sft_lr, "a number > 0")
-        require(
-            0 <= self.sft_tool_fraction <= 1,
-            "sft_tool_fraction",
-            self.sft_tool_fraction,
-            "a number in [0, 1]",
-        )
+        for name in ("sft_tool_fraction", "sft_verbose_fraction"):
+            value = getattr(self, name)
+            require(0 <= value <= 1, name, value, "a number in [0, 1]")
         require(self.weight_decay >= 0, "weight_decay", self.weight_decay, "a number >= 0")
         require(0 <= self.beta1 < 1, "beta1", self.beta1, "a number in [0, 1)")
         require(0 <= self.beta2 < 1, "beta2", self.beta2, "a number in [0, 1)")

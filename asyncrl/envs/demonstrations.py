@@ -3,7 +3,10 @@
 With `tool_fraction` < 1 only that share of tasks (a fixed draw per task) gets the expert's
 demonstration; the others get an unaided teacher's immediate guess, which is usually wrong. A
 model warm-started on such mixed-quality data uses the tools only some of the time: the gap that
-agentic RL closes (reward comes from the tools' exact results).
+agentic RL closes (reward comes from the tools' exact results). With `verbose_fraction` > 0 that
+share of the tool-using demonstrations adds a remark after the answer ("391 (according to the
+tools)") rather than ending at the bare number the tasks' exact-match verifier accepts: a verbose teacher, whose habit the warm-started
+model picks up and RL has to trade for answers that earn reward.
 
 A demonstration is the conversation a correct agent would have: its tool calls, the tools' real
 outputs (the same tools the environment runs), and the final answer, rendered by the chat format
@@ -25,6 +28,7 @@ import re
 from collections.abc import Iterable
 
 from asyncrl.envs.base import Task
+from asyncrl.rewards import exact_match
 from asyncrl.tokenize.chat import ChatFormat, Conversation
 from asyncrl.tools.calculator import evaluate
 from asyncrl.types import Message, Role, ToolCall, Trajectory
@@ -34,8 +38,20 @@ def _call(name: str, **arguments: str) -> ToolCall:
     return ToolCall(name=name, arguments_json=json.dumps(arguments))
 
 
-def expert_messages(task: Task) -> list[Message]:
-    """The messages of a correct episode for a built-in task."""
+def remark(answer: str) -> str:
+    """A verbose teacher's final answer: right, but not in the bare form the tasks ask for."""
+    return f"{answer} (according to the tools)"
+
+
+def expert_messages(task: Task, verbose: bool = False) -> list[Message]:
+    """The messages of a correct episode for a built-in task (`verbose`: answer with a remark)."""
+    messages = _expert_messages(task)
+    if verbose:
+        messages[-1] = Message(role=Role.ASSISTANT, content=remark(messages[-1].content))
+    return messages
+
+
+def _expert_messages(task: Task) -> list[Message]:
     user = Message(role=Role.USER, content=task.prompt)
     if task.family == "calculator":
         expression = task.prompt.removesuffix("=?")
@@ -82,10 +98,20 @@ def direct_messages(task: Task) -> list[Message]:
     ]
 
 
+def _draw(kind: str, task: Task) -> float:
+    """A fixed uniform draw in [0, 1) per (kind, task id)."""
+    digest = hashlib.sha256(f"{kind}/{task.id}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64
+
+
 def uses_tools(task: Task, tool_fraction: float) -> bool:
     """Whether the demonstration of `task` uses the tools: a fixed draw per task id."""
-    digest = hashlib.sha256(f"tools/{task.id}".encode()).digest()
-    return int.from_bytes(digest[:8], "big") / 2**64 < tool_fraction
+    return _draw("tools", task) < tool_fraction
+
+
+def is_verbose(task: Task, verbose_fraction: float) -> bool:
+    """Whether the demonstration of `task` remarks on its answer: a fixed draw per task id."""
+    return _draw("verbose", task) < verbose_fraction
 
 
 def content_values(message: Message) -> list[str]:
@@ -124,10 +150,15 @@ def _content_mask(conv: Conversation, messages: list[Message]) -> list[int]:
 
 
 def demonstration(
-    task: Task, fmt: ChatFormat, content_only: bool = False, tool_fraction: float = 1.0
+    task: Task,
+    fmt: ChatFormat,
+    content_only: bool = False,
+    tool_fraction: float = 1.0,
+    verbose_fraction: float = 0.0,
 ) -> Trajectory:
     expert = uses_tools(task, tool_fraction)
-    messages = expert_messages(task) if expert else direct_messages(task)
+    verbose = is_verbose(task, verbose_fraction)
+    messages = expert_messages(task, verbose) if expert else direct_messages(task)
     conv = Conversation.of(fmt, messages)
     mask = _content_mask(conv, messages) if content_only else conv.mask
     return Trajectory(
@@ -138,12 +169,16 @@ def demonstration(
         loss_mask=tuple(mask),
         logprobs=tuple(conv.logprobs),
         versions=tuple(conv.versions),
-        reward=1.0 if expert else float(guess(task) == task.answer),
+        reward=float(exact_match(task, messages[-1].content)),
         turns=sum(m.role == Role.ASSISTANT for m in messages),
     )
 
 
 def demonstrations(
-    tasks: Iterable[Task], fmt: ChatFormat, content_only: bool = False, tool_fraction: float = 1.0
+    tasks: Iterable[Task],
+    fmt: ChatFormat,
+    content_only: bool = False,
+    tool_fraction: float = 1.0,
+    verbose_fraction: float = 0.0,
 ) -> list[Trajectory]:
-    return [demonstration(t, fmt, content_only, tool_fraction) for t in tasks]
+    return [demonstration(t, fmt, content_only, tool_fraction, verbose_fraction) for t in tasks]

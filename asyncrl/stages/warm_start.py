@@ -46,13 +46,16 @@ def warm_start(cfg: RunConfig, run_dir: Path, log_every: int = 20) -> WarmStartR
     if cfg.model.checkpoint:
         hf.load_into(model, cfg.model.checkpoint)
     tasks = list(task_stream(cfg.env.tasks, "train", cfg.env.train_size, cfg.env.seed))
-    fraction = cfg.learner.sft_tool_fraction
-    every = demonstrations(tasks, wiring.fmt, tool_fraction=fraction)
+    mix = dict(
+        tool_fraction=cfg.learner.sft_tool_fraction,
+        verbose_fraction=cfg.learner.sft_verbose_fraction,
+    )
+    every = demonstrations(tasks, wiring.fmt, **mix)
     demos = [d for d in every if len(d.tokens) <= cfg.env.max_context]
     if not demos:
         raise ValueError(f"no demonstration fits env.max_context={cfg.env.max_context}")
     fitting = [t for t, d in zip(tasks, every, strict=True) if len(d.tokens) <= cfg.env.max_context]
-    content = demonstrations(fitting, wiring.fmt, content_only=True, tool_fraction=fraction)
+    content = demonstrations(fitting, wiring.fmt, content_only=True, **mix)
     learner = Learner(model, cfg.learner, max_len=cfg.env.max_context, sft=True)
     tracker = JsonlTracker(run_dir / "warm_start" / "metrics.jsonl")
     rng = random.Random(cfg.seed)
