@@ -59,7 +59,8 @@ def test_the_mix_of_demonstrations_follows_the_configured_shares():
     tasks = [calculator_task("train", i) for i in range(400)]
     demos = [demonstration(t, FMT, tool_fraction=0.5, verbose_fraction=0.25) for t in tasks]
     texts = [FMT.tok.decode(list(d.tokens)) for d in demos]
-    tools = sum("<tool_call>" in t for t in texts) / len(texts)
-    verbose = sum("(according to the tools)" in t for t in texts) / sum("<tool_call>" in t for t in texts)
+    used = sum("<tool_call>" in t for t in texts)
+    tools = used / len(texts)
+    verbose = sum("(according to the tools)" in t for t in texts) / used
     assert abs(tools - 0.5) < 0.1 and abs(verbose - 0.25) < 0.1  # 400 fixed draws
     assert demos == [demonstration(t, FMT, tool_fraction=0.5, verbose_fraction=0.25) for t in tasks]

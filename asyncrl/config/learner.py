@@ -77,8 +77,8 @@ class LearnerConfig:
     # which is the behaviour agentic RL has to turn into reliable tool use).
     sft_tool_fraction: float = 1.0
     # Share of (tool-using) demonstrations whose final answer carries a remark ("391 (according to
-    # the tools)") instead of being the bare number the built-in tasks' exact-match reward asks for: a verbose
-    # teacher, whose habit agentic RL has to turn into answers the verifier accepts.
+    # the tools)") instead of being the bare number the built-in tasks' exact-match reward asks
+    # for: a verbose teacher, whose habit agentic RL has to turn into answers the verifier accepts.
     sft_verbose_fraction: float = 0.0
 
     def __post_init__(self) -> None:

@@ -5,8 +5,9 @@ demonstration; the others get an unaided teacher's immediate guess, which is usu
 model warm-started on such mixed-quality data uses the tools only some of the time: the gap that
 agentic RL closes (reward comes from the tools' exact results). With `verbose_fraction` > 0 that
 share of the tool-using demonstrations adds a remark after the answer ("391 (according to the
-tools)") rather than ending at the bare number the tasks' exact-match verifier accepts: a verbose teacher, whose habit the warm-started
-model picks up and RL has to trade for answers that earn reward.
+tools)") rather than ending at the bare number the tasks' exact-match verifier accepts: a verbose
+teacher, whose habit the warm-started model picks up and RL has to trade for answers that earn
+reward.
 
 A demonstration is the conversation a correct agent would have: its tool calls, the tools' real
 outputs (the same tools the environment runs), and the final answer, rendered by the chat format
