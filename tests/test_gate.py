@@ -174,3 +174,14 @@ def jax_tree_perturb(params, rng, scale):
     return jax.tree.map(
         lambda x: x + scale * np.std(np.asarray(x)) * rng.standard_normal(x.shape), params
     )
+
+
+def test_decide_requires_the_configured_gain_over_the_starting_model():
+    cfg = GateConfig(min_solve_rate=0.3, min_gain=0.2)
+    assert by_name(decide(rates(0.6), None, cfg, start_solve_rate=0.35))[
+        "solve_rate gain over start >= min_gain"
+    ].passed
+    report = decide(rates(0.5), None, cfg, start_solve_rate=0.35)
+    assert [c.name for c in report.failed] == ["solve_rate gain over start >= min_gain"]
+    assert not decide(rates(0.6), None, cfg).passed  # nothing recorded to compare with
+    assert "solve_rate gain over start >= min_gain" not in by_name(decide(rates(0.6), None, CFG))

@@ -127,6 +127,9 @@ class TracingConfig:
 class GateConfig:
     # The candidate's held-out solve rate (pass@1) must reach this.
     min_solve_rate: float = 0.0
+    # The greedy solve rate must exceed that of the model training started from (the warm start,
+    # recorded by the train stage on the same held-out tasks) by this much; 0 = no such check.
+    min_gain: float = 0.0
     # Largest allowed drop against the champion, per metric, in absolute points of the rate.
     max_regression: float = 0.05
     # Samples per task for pass@k, and their temperature (greedy is always evaluated too).
@@ -141,6 +144,7 @@ class GateConfig:
 
     def __post_init__(self) -> None:
         require(0 <= self.min_solve_rate <= 1, "min_solve_rate", self.min_solve_rate, "in [0, 1]")
+        require(0 <= self.min_gain <= 1, "min_gain", self.min_gain, "in [0, 1]")
         require(0 <= self.max_regression <= 1, "max_regression", self.max_regression, "in [0, 1]")
         require(self.samples_per_task >= 1, "samples_per_task", self.samples_per_task, ">= 1")
         require(self.temperature > 0, "temperature", self.temperature, "a number > 0")

@@ -161,7 +161,9 @@ def demonstration(
     verbose = is_verbose(task, verbose_fraction)
     messages = expert_messages(task, verbose) if expert else direct_messages(task)
     conv = Conversation.of(fmt, messages)
-    mask = _content_mask(conv, messages) if content_only else conv.mask
+    # A remark is style, not content: the content mask keeps only the answer's value.
+    values = expert_messages(task) if expert else messages
+    mask = _content_mask(conv, values) if content_only else conv.mask
     return Trajectory(
         id=f"demo/{task.id}",
         group_id=f"demo/{task.id}",

@@ -7,6 +7,8 @@ tasks, means use a normal interval.
 
 `decide(candidate, champion, cfg)` lists every check with its value, bound and verdict:
 - absolute: the greedy solve rate must reach `min_solve_rate` (a hard bar on the estimate);
+- gain (when `min_gain` > 0): it must exceed the solve rate of the model training started from by
+  `min_gain` (a run that did not improve its starting model fails; no recorded start fails too);
 - regression, per metric against the champion: a candidate fails only when the difference is
   worse than the tolerance beyond its interval (the whole interval of candidate − champion lies
   past −tolerance), so noise never fails a run and a real regression always shows up as one;
@@ -153,6 +155,7 @@ def decide(
     champion: Mapping[str, Estimate] | None,
     cfg: GateConfig,
     champion_id: str | None = None,
+    start_solve_rate: float | None = None,
 ) -> GateReport:
     checks = []
     solve = candidate["solve_rate"]
@@ -165,6 +168,21 @@ def decide(
             detail=f"interval [{solve.low:.3f}, {solve.high:.3f}] over {solve.n} episodes",
         )
     )
+    if cfg.min_gain > 0:
+        known = start_solve_rate is not None
+        checks.append(
+            Check(
+                name="solve_rate gain over start >= min_gain",
+                value=round(solve.value - start_solve_rate, 4) if known else float("nan"),
+                bound=f">= {cfg.min_gain}",
+                passed=known and solve.value - start_solve_rate >= cfg.min_gain,
+                detail=(
+                    f"start {start_solve_rate:.4f} → {solve.value:.4f}"
+                    if known
+                    else "no recorded solve rate of the model training started from"
+                ),
+            )
+        )
     z = _z(cfg.confidence)
     for name, direction in DIRECTION.items():
         if direction == 0 or name not in candidate:

@@ -24,6 +24,7 @@ from asyncrl.gates.quality import Estimate, GateReport, decide, quality_metrics,
 from asyncrl.model import build_model
 from asyncrl.model import hf_checkpoint as hf
 from asyncrl.stages.common import Wiring
+from asyncrl.stages.train import RESULT_FILE as TRAIN_RESULT
 
 REPORT_FILE = "report.json"
 METRICS_FILE = "metrics.json"
@@ -56,6 +57,12 @@ def candidate_model(run_dir: Path) -> Path:
         if (run_dir / rel).is_dir():
             return run_dir / rel
     raise FileNotFoundError(f"no model under {run_dir} (train/model or warm_start/model)")
+
+
+def start_solve_rate(run_dir: Path) -> float | None:
+    """The greedy held-out solve rate the train stage measured before its first step, if any."""
+    path = run_dir / "train" / TRAIN_RESULT
+    return json.loads(path.read_text())["initial_solve_rate"] if path.is_file() else None
 
 
 def evaluate(cfg: RunConfig, model_uri: str) -> tuple[dict[str, Estimate], dict[str, int]]:
@@ -116,7 +123,13 @@ def quality_gate(
     registry = ChampionRegistry(champion_uri(cfg))
     champ = registry.current()
     champ_metrics = _champion_metrics(cfg, champ, key) if champ else None
-    report = decide(candidate, champ_metrics, cfg.gate, champ.run_id if champ else None)
+    report = decide(
+        candidate,
+        champ_metrics,
+        cfg.gate,
+        champ.run_id if champ else None,
+        start_solve_rate=start_solve_rate(run_dir),
+    )
     run_id = run_id or run_dir.name
     promoted = False
     if report.passed and (cfg.gate.promote if promote is None else promote):
