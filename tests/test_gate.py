@@ -183,5 +183,6 @@ def test_decide_requires_the_configured_gain_over_the_starting_model():
     ].passed
     report = decide(rates(0.5), None, cfg, start_solve_rate=0.35)
     assert [c.name for c in report.failed] == ["solve_rate gain over start >= min_gain"]
-    assert not decide(rates(0.6), None, cfg).passed  # nothing recorded to compare with
+    unknown = by_name(decide(rates(0.6), None, cfg))["solve_rate gain over start >= min_gain"]
+    assert not unknown.passed and unknown.value is None  # nothing recorded to compare with
     assert "solve_rate gain over start >= min_gain" not in by_name(decide(rates(0.6), None, CFG))

@@ -133,7 +133,7 @@ def status_counts(results: Sequence[Sequence[Trajectory]]) -> dict[str, int]:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Check:
     name: str
-    value: float
+    value: float | None  # None: nothing to measure (e.g. no recorded start)
     bound: str
     passed: bool
     detail: str = ""
@@ -173,7 +173,7 @@ def decide(
         checks.append(
             Check(
                 name="solve_rate gain over start >= min_gain",
-                value=round(solve.value - start_solve_rate, 4) if known else float("nan"),
+                value=round(solve.value - start_solve_rate, 4) if known else None,
                 bound=f">= {cfg.min_gain}",
                 passed=known and solve.value - start_solve_rate >= cfg.min_gain,
                 detail=(
