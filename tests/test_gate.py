@@ -136,7 +136,7 @@ def test_the_gate_stage_fails_a_damaged_checkpoint_and_names_the_metrics(tmp_pat
     from asyncrl.stages.warm_start import warm_start
     from asyncrl.testing.configs import micro_config
 
-    cfg = micro_config(
+    overrides = (
         "env.tasks=[calculator]",
         "learner.sft_tool_fraction=0",
         "learner.sft_steps=150",
@@ -147,6 +147,7 @@ def test_the_gate_stage_fails_a_damaged_checkpoint_and_names_the_metrics(tmp_pat
         "gate.samples_per_task=2",
         f"gate.champion={tmp_path / 'champion'}",
     )
+    cfg = micro_config(*overrides)
     good = tmp_path / "good"
     warm_start(cfg, good)
     first = quality_gate(cfg, good)
@@ -166,6 +167,13 @@ def test_the_gate_stage_fails_a_damaged_checkpoint_and_names_the_metrics(tmp_pat
     saved = json.loads((bad / "quality_gate" / "report.json").read_text())
     assert saved["passed"] is False and saved["champion"] == "good"
     assert {c["name"] for c in saved["checks"] if not c["passed"]} == failed
+    # The gain check reads the start the train stage recorded (train/train.json): a model whose
+    # recorded start is its own solve rate gained nothing, and only that check fails.
+    start = first.candidate["solve_rate"].value
+    (good / "train").mkdir()
+    (good / "train" / "train.json").write_text(json.dumps({"initial_solve_rate": start}))
+    again = quality_gate(micro_config(*overrides, "gate.min_gain=0.05"), good, promote=False)
+    assert [c.name for c in again.report.failed] == ["solve_rate gain over start >= min_gain"]
 
 
 def jax_tree_perturb(params, rng, scale):

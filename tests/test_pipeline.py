@@ -28,6 +28,7 @@ TINY = (
     "env.train_size=8",
     "gate.samples_per_task=1",
     "gate.min_solve_rate=0.0",
+    "gate.min_gain=0.0",  # 2 RL steps of the micro model prove the wiring, not learning
     "tracing.tensorboard=false",
 )
 
