@@ -64,3 +64,15 @@ def test_the_mix_of_demonstrations_follows_the_configured_shares():
     verbose = sum("(according to the tools)" in t for t in texts) / used
     assert abs(tools - 0.5) < 0.1 and abs(verbose - 0.25) < 0.1  # 400 fixed draws
     assert demos == [demonstration(t, FMT, tool_fraction=0.5, verbose_fraction=0.25) for t in tasks]
+
+
+@pytest.mark.parametrize("task", TASKS, ids=lambda t: t.family)
+def test_a_remark_is_trained_as_style_not_content(task):
+    verbose = demonstration(task, FMT, content_only=True, verbose_fraction=1.0)
+    bare = demonstration(task, FMT, content_only=True)
+    kept = [t for t, m in zip(verbose.tokens, verbose.loss_mask, strict=True) if m]
+    assert kept == [t for t, m in zip(bare.tokens, bare.loss_mask, strict=True) if m]
+    full = demonstration(task, FMT, verbose_fraction=1.0)  # the whole-turn phase learns it
+    assert "(according to the tools)" in FMT.tok.decode(
+        [t for t, m in zip(full.tokens, full.loss_mask, strict=True) if m]
+    )
