@@ -68,15 +68,13 @@ class RecoveryVerdict:
 
 
 def recovery_config(cfg: RunConfig, work: Path, overrides: tuple[str, ...] = ()) -> RunConfig:
-    """The run's config, shortened: STEPS steps of one group each, a checkpoint every EVERY, a
-    minimal evaluation (what is tested is the kill and the resume, not learning)."""
+    """The run's config, shortened: STEPS steps, a checkpoint every EVERY, a minimal evaluation."""
     base = work / "base.yaml"
     base.write_text(to_yaml(cfg))
     return load_config(
         base,
         [
             f"learner.steps={STEPS}",
-            f"learner.batch_size={cfg.rollout.group_size}",
             "learner.time_budget_s=0",
             "learner.eval_every=0",
             "env.heldout_size=1",
