@@ -44,12 +44,15 @@ def remark(answer: str) -> str:
     return f"{answer} (according to the tools)"
 
 
+def with_remark(messages: list[Message]) -> list[Message]:
+    """The same episode, its final answer followed by the verbose teacher's remark."""
+    return [*messages[:-1], Message(role=Role.ASSISTANT, content=remark(messages[-1].content))]
+
+
 def expert_messages(task: Task, verbose: bool = False) -> list[Message]:
     """The messages of a correct episode for a built-in task (`verbose`: answer with a remark)."""
     messages = _expert_messages(task)
-    if verbose:
-        messages[-1] = Message(role=Role.ASSISTANT, content=remark(messages[-1].content))
-    return messages
+    return with_remark(messages) if verbose else messages
 
 
 def _expert_messages(task: Task) -> list[Message]:
@@ -158,12 +161,11 @@ def demonstration(
     verbose_fraction: float = 0.0,
 ) -> Trajectory:
     expert = uses_tools(task, tool_fraction)
-    verbose = is_verbose(task, verbose_fraction)
-    messages = expert_messages(task, verbose) if expert else direct_messages(task)
+    plain = expert_messages(task) if expert else direct_messages(task)
+    messages = with_remark(plain) if expert and is_verbose(task, verbose_fraction) else plain
     conv = Conversation.of(fmt, messages)
     # A remark is style, not content: the content mask keeps only the answer's value.
-    values = expert_messages(task) if expert else messages
-    mask = _content_mask(conv, values) if content_only else conv.mask
+    mask = _content_mask(conv, plain) if content_only else conv.mask
     return Trajectory(
         id=f"demo/{task.id}",
         group_id=f"demo/{task.id}",
