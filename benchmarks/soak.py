@@ -38,8 +38,8 @@ MICRO = [
     "checkpoint.every_steps=50",
     "tracing.enabled=false",
     "tracing.tensorboard=false",
-    "learner.sft_content_steps=0",
-    "learner.sft_steps=0",
+    "warm_start.content_steps=0",
+    "warm_start.steps=0",
 ]
 
 

@@ -126,7 +126,7 @@ def test_the_gate_stage_fails_a_damaged_checkpoint_and_names_the_metrics(tmp_pat
     """A briefly trained micro model is the champion; the same weights perturbed are gated.
 
     The micro model learns in seconds to answer at once with a number (no tools: demonstrations
-    with `sft_tool_fraction=0`), so it ends its episodes well-formed; damaged weights ramble.
+    with `warm_start.tool_fraction=0`), so it ends its episodes well-formed; damaged weights ramble.
     """
     from flax import nnx
 
@@ -138,11 +138,11 @@ def test_the_gate_stage_fails_a_damaged_checkpoint_and_names_the_metrics(tmp_pat
 
     overrides = (
         "env.tasks=[calculator]",
-        "learner.sft_tool_fraction=0",
-        "learner.sft_steps=150",
-        "learner.sft_content_steps=50",
-        "learner.sft_lr=3e-3",
-        "learner.sft_batch_size=16",
+        "warm_start.tool_fraction=0",
+        "warm_start.steps=150",
+        "warm_start.content_steps=50",
+        "warm_start.lr=3e-3",
+        "warm_start.batch_size=16",
         "env.heldout_size=16",
         "gate.samples_per_task=2",
         f"gate.champion={tmp_path / 'champion'}",

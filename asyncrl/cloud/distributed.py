@@ -50,7 +50,9 @@ def selftest() -> dict[str, object]:
     cfg = micro_config()
     devices = np.array(jax.devices()).reshape(1, -1, 1)
     mesh = Mesh(devices, ("data", "fsdp", "tensor"))
-    learner = Learner(build_model(cfg.model, seed=0), cfg.learner, max_len=256, mesh=mesh, sft=True)
+    learner = Learner(
+        build_model(cfg.model, seed=0), cfg.learner, max_len=256, mesh=mesh, sft=cfg.warm_start
+    )
     traj = fixed_trajectory(57)
     metrics = learner.sft_step(learner.sft_batch([traj, traj]))
     local = jax.tree.map(

@@ -18,6 +18,7 @@ from asyncrl.config.ops import (
 from asyncrl.config.presets import MODEL_PRESETS
 from asyncrl.config.rollout import EnvConfig, RolloutConfig
 from asyncrl.config.run import RunConfig
+from asyncrl.config.warm_start import WarmStartConfig
 
 __all__ = [
     "MODEL_PRESETS",
@@ -33,6 +34,7 @@ __all__ = [
     "RunConfig",
     "TokenizerConfig",
     "TracingConfig",
+    "WarmStartConfig",
     "from_dict",
     "load_config",
     "load_config_text",

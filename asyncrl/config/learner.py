@@ -1,4 +1,4 @@
-"""Configuration of the learner, the SFT warm start, and the async training loop.
+"""Configuration of the RL learner and the async training loop (the warm start: warm_start.py).
 
 Owns the objective (loss family, clipping, KL, off-policy correction), the optimizer and schedule,
 batching, and the loop's coordination knobs (mode, staleness bound, publish cadence).
@@ -65,21 +65,6 @@ class LearnerConfig:
     eval_every: int = 10
     # Seconds of training the run may use (0 = no limit; steps still bound it).
     time_budget_s: float = 0.0
-    # Supervised warm start: steps, learning rate and batch size (0 steps = skip).
-    sft_steps: int = 200
-    sft_lr: float = 1e-3
-    sft_batch_size: int = 32
-    # The first this many SFT steps train only on content tokens (tool argument values, answers);
-    # see envs/demonstrations.py for why.
-    sft_content_steps: int = 0
-    # Share of demonstrations that use the tools; the others answer at once with the unaided
-    # teacher's guess (mixed-quality demonstrations: a warm start that uses tools only sometimes,
-    # which is the behaviour agentic RL has to turn into reliable tool use).
-    sft_tool_fraction: float = 1.0
-    # Share of (tool-using) demonstrations whose final answer carries a remark ("391 (according to
-    # the tools)") instead of being the bare number the built-in tasks' exact-match reward asks
-    # for: a verbose teacher, whose habit agentic RL has to turn into answers the verifier accepts.
-    sft_verbose_fraction: float = 0.0
 
     def __post_init__(self) -> None:
         for name in (
@@ -91,14 +76,10 @@ class LearnerConfig:
         ):
             value = getattr(self, name)
             require(value > 0, name, value, "a positive integer")
-        for name in ("warmup_steps", "max_staleness", "eval_every", "sft_steps", "sft_batch_size"):
+        for name in ("warmup_steps", "max_staleness", "eval_every"):
             value = getattr(self, name)
             require(value >= 0, name, value, "an integer >= 0")
         require(self.lr > 0, "lr", self.lr, "a number > 0")
-        require(self.sft_lr > 0, "sft_lr", self.sft_lr, "a number > 0")
-        for name in ("sft_tool_fraction", "sft_verbose_fraction"):
-            value = getattr(self, name)
-            require(0 <= value <= 1, name, value, "a number in [0, 1]")
         require(self.weight_decay >= 0, "weight_decay", self.weight_decay, "a number >= 0")
         require(0 <= self.beta1 < 1, "beta1", self.beta1, "a number in [0, 1)")
         require(0 <= self.beta2 < 1, "beta2", self.beta2, "a number in [0, 1)")
@@ -108,12 +89,6 @@ class LearnerConfig:
         require(self.kl_coef >= 0, "kl_coef", self.kl_coef, "a number >= 0")
         require(self.is_cap >= 1, "is_cap", self.is_cap, "a number >= 1")
         require(self.time_budget_s >= 0, "time_budget_s", self.time_budget_s, "a number >= 0")
-        require(
-            0 <= self.sft_content_steps <= self.sft_steps,
-            "sft_content_steps",
-            self.sft_content_steps,
-            f"an integer in [0, sft_steps={self.sft_steps}]",
-        )
         require(
             self.warmup_steps <= self.steps,
             "warmup_steps",

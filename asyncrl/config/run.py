@@ -22,6 +22,7 @@ from asyncrl.config.ops import (
     TracingConfig,
 )
 from asyncrl.config.rollout import EnvConfig, RolloutConfig
+from asyncrl.config.warm_start import WarmStartConfig
 
 # Ids the byte tokenizer can produce: 256 bytes plus its special tokens (tokenize/byte.py keeps it).
 BYTE_TOKENIZER_VOCAB = 256 + 16
@@ -35,6 +36,7 @@ class RunConfig:
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     env: EnvConfig = field(default_factory=EnvConfig)
+    warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
     learner: LearnerConfig = field(default_factory=LearnerConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)

@@ -7,19 +7,19 @@ because the next step donates the state's buffers.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import jax
 import numpy as np
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from asyncrl.checkpoint import faults
 from asyncrl.config.learner import LearnerConfig
+from asyncrl.config.warm_start import WarmStartConfig
 from asyncrl.learner.advantages import group_advantages
 from asyncrl.learner.batching import TrainBatch, build_batch
 from asyncrl.learner.losses import LossSettings
-from asyncrl.learner.optimizer import make_optimizer
+from asyncrl.learner.optimizer import OptimizerSettings, make_optimizer
 from asyncrl.learner.step import TrainState, init_state, make_rl_step, make_sft_step
 from asyncrl.model import Transformer
 from asyncrl.model.sharding import copy_state, shard_model
@@ -34,35 +34,16 @@ class Learner:
         *,
         max_len: int,
         mesh: Mesh | None = None,
-        sft: bool = False,
+        sft: WarmStartConfig | None = None,
     ) -> None:
         self.cfg, self.max_len, self.mesh = cfg, max_len, mesh
         if mesh is not None:
             shard_model(model, mesh)
         self.graphdef, params, self.rest = nnx.split(model, nnx.Param, ...)
-        if sft:
-            tx, self.schedule = make_optimizer(
-                cfg.sft_lr,
-                schedule="cosine",
-                warmup=min(20, cfg.sft_steps // 10),
-                steps=max(cfg.sft_steps, 1),
-                grad_clip=1.0,
-                beta1=cfg.beta1,
-                beta2=cfg.beta2,
-            )
-        else:
-            tx, self.schedule = make_optimizer(
-                cfg.lr,
-                schedule=cfg.schedule,
-                warmup=cfg.warmup_steps,
-                steps=cfg.steps,
-                weight_decay=cfg.weight_decay,
-                beta1=cfg.beta1,
-                beta2=cfg.beta2,
-                grad_clip=cfg.grad_clip,
-            )
+        settings = OptimizerSettings.sft(sft) if sft is not None else OptimizerSettings.rl(cfg)
+        tx, self.schedule = make_optimizer(settings)
         self.state: TrainState = init_state(copy_state(params), tx)
-        self.reference = copy_state(params) if cfg.kl_coef > 0 and not sft else None
+        self.reference = copy_state(params) if cfg.kl_coef > 0 and sft is None else None
         self._rl_step = make_rl_step(
             self.graphdef, self.rest, tx, self.schedule, LossSettings.of(cfg)
         )
@@ -94,9 +75,13 @@ class Learner:
             rows=rows,
         )
 
-    def rl_step(self, batch: TrainBatch) -> dict[str, float]:
+    def rl_step(
+        self, batch: TrainBatch, on_dispatch: Callable[[int], None] | None = None
+    ) -> dict[str, float]:
+        """One RL step; `on_dispatch(step)` runs once the step is dispatched, before it ends."""
         self.state, metrics = self._rl_step(self.state, self._place(batch), self.reference)
-        faults.point(faults.Phase.TRAIN, self.step)  # dispatched, not finished
+        if on_dispatch is not None:
+            on_dispatch(self.step)
         return {k: float(v) for k, v in metrics.items()}
 
     def sft_step(self, batch: TrainBatch) -> dict[str, float]:

@@ -290,7 +290,9 @@ class TrainingLoop:
             # rl_step returns host floats: the span ends when the step's arrays are ready.
             tracer.begin(track, "train step", {"step": self.learner.step + 1, "groups": len(flows)})
             try:
-                return self.learner.rl_step(batch)
+                return self.learner.rl_step(
+                    batch, on_dispatch=lambda step: faults.point(faults.Phase.TRAIN, step)
+                )
             finally:
                 tracer.end(track, ends=flows)
 

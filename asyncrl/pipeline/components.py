@@ -41,7 +41,7 @@ def warm_start(
     from asyncrl.stages.runtime import ensure_host_devices
 
     cfg = load_config_text(config_yaml)
-    if "warm_start" not in cfg.pipeline.stages or cfg.learner.sft_steps == 0:
+    if "warm_start" not in cfg.pipeline.stages or cfg.warm_start.steps == 0:
         model.metadata["skipped"] = True
         return ""
     ensure_host_devices(cfg)

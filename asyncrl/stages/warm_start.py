@@ -1,8 +1,8 @@
 """Stage: supervised warm start on expert demonstrations of the training tasks.
 
 Gives the tiny model its starting skill (the tool-call format, reading tool output) so that RL
-has something to improve. Trains `learner.sft_steps` steps of `sft_batch_size` demonstrations on
-the loss-masked assistant tokens, exports the model as HF safetensors to
+has something to improve. Trains `warm_start.steps` steps of `warm_start.batch_size`
+demonstrations on the loss-masked assistant tokens, exports the model as HF safetensors to
 `<run>/warm_start/model`, and records the held-out greedy solve rate it starts RL from.
 """
 
@@ -46,28 +46,26 @@ def warm_start(cfg: RunConfig, run_dir: Path, log_every: int = 20) -> WarmStartR
     if cfg.model.checkpoint:
         hf.load_into(model, cfg.model.checkpoint)
     tasks = list(task_stream(cfg.env.tasks, "train", cfg.env.train_size, cfg.env.seed))
-    mix = dict(
-        tool_fraction=cfg.learner.sft_tool_fraction,
-        verbose_fraction=cfg.learner.sft_verbose_fraction,
-    )
+    ws = cfg.warm_start
+    mix = dict(tool_fraction=ws.tool_fraction, verbose_fraction=ws.verbose_fraction)
     every = demonstrations(tasks, wiring.fmt, **mix)
     demos = [d for d in every if len(d.tokens) <= cfg.env.max_context]
     if not demos:
         raise ValueError(f"no demonstration fits env.max_context={cfg.env.max_context}")
     fitting = [t for t, d in zip(tasks, every, strict=True) if len(d.tokens) <= cfg.env.max_context]
     content = demonstrations(fitting, wiring.fmt, content_only=True, **mix)
-    learner = Learner(model, cfg.learner, max_len=cfg.env.max_context, sft=True)
+    learner = Learner(model, cfg.learner, max_len=cfg.env.max_context, sft=ws)
     tracker = JsonlTracker(run_dir / "warm_start" / "metrics.jsonl")
     rng = random.Random(cfg.seed)
     loss = float("nan")
-    rows = cfg.learner.sft_batch_size
-    progress = Progress(cfg.learner.sft_steps, "warm start")
-    for step in range(cfg.learner.sft_steps):
-        pool = content if step < cfg.learner.sft_content_steps else demos
+    rows = ws.batch_size
+    progress = Progress(ws.steps, "warm start")
+    for step in range(ws.steps):
+        pool = content if step < ws.content_steps else demos
         batch = learner.sft_batch(rng.sample(pool, min(rows, len(pool))), rows=rows)
         metrics = learner.sft_step(batch)
         loss = metrics["loss"]
-        if learner.step % log_every == 0 or learner.step == cfg.learner.sft_steps:
+        if learner.step % log_every == 0 or learner.step == ws.steps:
             tracker.log(learner.step, metrics, kind="sft")
             progress.update(learner.step, {"loss": f"{loss:.3f}"})
     tracker.close()
