@@ -6,10 +6,12 @@ which tokenizer and chat format go with it. Named shape presets live in `presets
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from asyncrl.config.errors import require
+from asyncrl.config.ops import check_location
+from asyncrl.config.presets import MODEL_PRESETS, selects_preset
 
 Architecture = Literal["llama", "qwen2"]
 DType = Literal["float32", "bfloat16"]
@@ -18,8 +20,9 @@ RopeScaling = Literal["none", "llama3"]
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ModelConfig:
-    # Name of the shape preset this config started from (see config/presets.py); informational.
-    preset: str = "tiny"
+    # Shape preset (config/presets.py) whose numbers fill the keys not given beside it; "custom"
+    # starts from these defaults instead. Kept in the resolved config for information.
+    preset: str = field(default="tiny", metadata=selects_preset(MODEL_PRESETS))
     # Which Hugging Face architecture the weights follow; decides tensor names on import/export.
     architecture: Architecture = "qwen2"
     # Rows of the embedding table; must cover every id the tokenizer can produce.
@@ -83,6 +86,8 @@ class ModelConfig:
         require(self.rms_eps > 0, "rms_eps", self.rms_eps, "a positive number")
         require(self.max_seq_len >= 8, "max_seq_len", self.max_seq_len, "an integer >= 8")
         require(self.rope_factor >= 1, "rope_factor", self.rope_factor, "a number >= 1")
+        if self.checkpoint is not None:
+            check_location("checkpoint", self.checkpoint)
         require(
             self.rope_high_freq_factor > self.rope_low_freq_factor,
             "rope_high_freq_factor",
@@ -111,3 +116,5 @@ class TokenizerConfig:
             self.path,
             "a directory or tokenizer.json path when kind is 'hf'",
         )
+        if self.path:
+            check_location("path", self.path)

@@ -1,23 +1,73 @@
 """Configuration of where and how a run executes: devices, checkpoints, traces, gate and pipeline.
 
-Owns the operational sections of `RunConfig`. Secrets are never values here: service accounts and
-secrets are named by reference, and the cluster resolves them.
+Owns the operational sections of `RunConfig` and what a location may be (`check_location`: a local
+path, or gs://bucket/path with a bucket name GCS would accept and no '..' in the path). Secrets are
+never values here: service accounts and secrets are named by reference, and the cluster resolves
+them.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
-from asyncrl.config.errors import require
+from asyncrl.config.errors import ConfigError, abbreviate, require, seconds
 
 Placement = Literal["colocated", "disaggregated", "remote"]
 Backend = Literal["local", "gke"]
 TpuType = Literal["none", "v5e", "v5p", "v6e"]
 
 _TOPOLOGY = re.compile(r"^\d+x\d+(x\d+)?$")
-_URI = re.compile(r"^(gs://[a-z0-9][a-z0-9._-]{1,220}(/.*)?|[^:]+)$")
+GS = "gs://"
+_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")
+_BUCKET = re.compile(r"^[a-z0-9][a-z0-9._-]*[a-z0-9]$")
+_LOCATION = "a local path or gs://bucket/path"
+
+
+def check_location(key: str, value: str) -> None:
+    """Raise a ConfigError for `key` unless `value` is a local path or a well-formed gs:// URI."""
+    problem = location_problem(value)
+    if problem:
+        raise ConfigError(key, f"got {abbreviate(repr(value))}: {problem}; allowed: {_LOCATION}")
+
+
+def location_problem(value: str) -> str:
+    """What is wrong with a location ("" when nothing): GCS bucket rules, no '..' or empty segments,
+    no scheme but gs:// (so "gs:/b" or "s3://b" never becomes a local folder of that name)."""
+    if not value.isprintable():
+        return "control characters"
+    if not value.startswith(GS):
+        return "an unsupported scheme or a malformed gs:// prefix" if _SCHEME.match(value) else ""
+    bucket, _, path = value[len(GS) :].partition("/")
+    if not bucket:
+        return "no bucket name"
+    problem = bucket_problem(bucket)
+    if problem:
+        return f"bucket {abbreviate(repr(bucket), 40)} {problem}"
+    parts = path.rstrip("/").split("/") if path.rstrip("/") else []
+    if any(p in ("", ".", "..") for p in parts):
+        return "an empty, '.' or '..' segment in the object path"
+    return ""
+
+
+def bucket_problem(name: str) -> str:
+    """GCS bucket naming rules (cloud.google.com/storage/docs/buckets#naming), "" when valid."""
+    if not 3 <= len(name) <= (222 if "." in name else 63):
+        return "must be 3-63 characters (222 with dots)"
+    if not _BUCKET.match(name):
+        return "may hold only a-z, 0-9, '-', '_' and '.', and starts and ends with a-z or 0-9"
+    if any(len(part) > 63 or not part for part in name.split(".")):
+        return "has an empty or over-63-character dot-separated part"
+    try:
+        ipaddress.IPv4Address(name)
+        return "must not be an IP address"
+    except ValueError:
+        pass
+    if name.startswith("goog") or "google" in name or "g00gle" in name:
+        return "must not start with 'goog' or contain 'google'"
+    return ""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -99,12 +149,7 @@ class CheckpointConfig:
     def __post_init__(self) -> None:
         require(self.every_steps >= 0, "every_steps", self.every_steps, "an integer >= 0")
         require(self.max_to_keep >= 1, "max_to_keep", self.max_to_keep, "an integer >= 1")
-        require(
-            not self.dir or bool(_URI.match(self.dir)),
-            "dir",
-            self.dir,
-            "a local path or gs://bucket/prefix",
-        )
+        check_location("dir", self.dir)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -114,7 +159,7 @@ class TracingConfig:
     # Events buffered before a chunk is flushed to disk (a crash loses at most one chunk).
     chunk_events: int = 2048
     # Seconds between samples of the counter tracks.
-    counter_interval_s: float = 0.5
+    counter_interval_s: float = field(default=0.5, metadata=seconds())
     # Also write TensorBoard event files (beside the JSONL metrics, which are always written).
     tensorboard: bool = True
 
@@ -149,6 +194,7 @@ class GateConfig:
         require(self.samples_per_task >= 1, "samples_per_task", self.samples_per_task, ">= 1")
         require(self.temperature > 0, "temperature", self.temperature, "a number > 0")
         require(0.5 <= self.confidence < 1, "confidence", self.confidence, "a number in [0.5, 1)")
+        check_location("champion", self.champion)
 
 
 Stage = Literal["provision", "warm_start", "train", "recovery_test", "quality_gate", "report"]
@@ -177,7 +223,7 @@ class PipelineConfig:
     # Kubeflow experiment runs are filed under.
     experiment: str = "asyncrl"
     # Seconds a local or remote run may take before it is abandoned.
-    timeout_s: float = 3600.0
+    timeout_s: float = field(default=3600.0, metadata=seconds())
 
     def __post_init__(self) -> None:
         require(
@@ -187,11 +233,15 @@ class PipelineConfig:
             "lowercase letters, digits and '-'",
         )
         require(bool(self.runs_dir), "runs_dir", self.runs_dir, "a non-empty path or gs:// URI")
+        check_location("runs_dir", self.runs_dir)
         require(
             not self.run_id or bool(re.match(r"^[A-Za-z0-9][A-Za-z0-9._-]*$", self.run_id)),
             "run_id",
             self.run_id,
             "letters, digits, '.', '_' and '-'",
+        )
+        require(
+            len(self.stages) > 0, "stages", self.stages, f"a non-empty subsequence of {ALL_STAGES}"
         )
         require(len(set(self.stages)) == len(self.stages), "stages", self.stages, "no repeats")
         order = [ALL_STAGES.index(s) for s in self.stages]

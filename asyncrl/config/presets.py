@@ -2,7 +2,8 @@
 
 Values are the published Hugging Face `config.json` numbers, so a preset plus `model.checkpoint`
 loads the real weights. Selecting `model.preset: NAME` in YAML starts from these numbers; keys given
-beside it override them.
+beside it override them. A field opts into this with `metadata=selects_preset(TABLE)`: the loader
+knows no section by name.
 """
 
 from __future__ import annotations
@@ -138,3 +139,15 @@ MODEL_PRESETS: Final[dict[str, dict[str, object]]] = {
         "max_seq_len": 131_072,
     },
 }
+
+# Field metadata: a field whose value names an entry of a preset table. The loader fills the
+# entry's values under the keys given beside it (keys given explicitly win); `custom` names "no
+# preset: every key is given explicitly".
+PRESETS_KEY = "asyncrl.config.presets"
+
+
+def selects_preset(
+    table: dict[str, dict[str, object]], custom: str = "custom"
+) -> dict[str, tuple[dict[str, dict[str, object]], str]]:
+    """Metadata for `field(default=..., metadata=selects_preset(MODEL_PRESETS))`."""
+    return {PRESETS_KEY: (table, custom)}

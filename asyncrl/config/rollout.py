@@ -6,10 +6,10 @@ tokens and time. It does not know about training; cross-checks with the learner 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
-from asyncrl.config.errors import require
+from asyncrl.config.errors import require, seconds
 
 InFlightPolicy = Literal["continue", "recompute"]
 AgentKind = Literal["model", "tool"]
@@ -49,7 +49,7 @@ class RolloutConfig:
     # On a weight publish: finish in-flight requests on the old KV cache, or re-prefill them.
     in_flight_policy: InFlightPolicy = "continue"
     # Seconds one engine request may take before it fails with a timeout.
-    request_timeout_s: float = 120.0
+    request_timeout_s: float = field(default=120.0, metadata=seconds())
     # A group member that failed (timeout, tool_error, env_error, cancelled): drop its group, keep
     # it scored 0, or re-run it up to `max_retries` times (then drop the group).
     failure_policy: FailurePolicy = "zero"
@@ -103,9 +103,9 @@ class EnvConfig:
     # Whole sequence (prompt, turns, tool output) in tokens; must fit the model.
     max_context: int = 1024
     # Wall-clock seconds for one episode before it ends as timeout.
-    episode_timeout_s: float = 60.0
+    episode_timeout_s: float = field(default=60.0, metadata=seconds())
     # Seconds one tool call may run before it is cancelled.
-    tool_timeout_s: float = 5.0
+    tool_timeout_s: float = field(default=5.0, metadata=seconds())
     # Characters of tool output kept; the rest is cut and the result marked output_truncated.
     tool_output_chars: int = 2000
     # A malformed tool call becomes an observation the model sees, or ends the episode.
@@ -117,8 +117,8 @@ class EnvConfig:
     seed: int = 0
     # Injected environment latency (benchmarks, soak tests): lognormal per reset and step with
     # this median and 99th percentile in seconds (0 = none).
-    latency_p50_s: float = 0.0
-    latency_p99_s: float = 0.0
+    latency_p50_s: float = field(default=0.0, metadata=seconds())
+    latency_p99_s: float = field(default=0.0, metadata=seconds())
 
     def __post_init__(self) -> None:
         require(

@@ -108,6 +108,19 @@ class RunConfig:
             "0 when learner.mode is 'sync' (a barrier never trains on stale data)",
         )
         require(
+            r.top_k <= m.vocab_size,
+            "rollout.top_k",
+            r.top_k,
+            f"at most model.vocab_size={m.vocab_size} (0 = off)",
+        )
+        require(
+            not (self.cluster.backend == "local" and self.pipeline.runs_dir.startswith("gs://")),
+            "pipeline.runs_dir",
+            self.pipeline.runs_dir,
+            "a local path when cluster.backend is 'local' (gs:// run folders live on the "
+            "cluster's bucket mount: use cluster.backend=gke)",
+        )
+        require(
             r.max_concurrency >= r.group_size,
             "rollout.max_concurrency",
             r.max_concurrency,

@@ -1,11 +1,13 @@
 """Reading, validating and summarizing our Perfetto traces, with the `perfetto` protobuf classes.
 
 `read_packets` parses the file packet by packet and stops at the last whole one, so a trace cut
-mid-chunk by a crash reads up to there. `validate` checks what the Perfetto UI relies on: every
-event's track was described, timestamps never go back on the sequence, slices begin and end in
-balance per track (an unbalanced tail is allowed only when `truncated`), every flow has a source
-and a destination. `summarize` answers "where did the time go": time per slice name, the idle
-fraction of the engine and the learner over the traced interval, and the slowest episodes.
+mid-chunk by a crash reads up to there; anything else that is not a packet (garbage, a garbage tail,
+an empty file) raises `TraceError` naming the byte offset, never a protobuf or index error.
+`validate` checks what the Perfetto UI relies on: every event's track was described, timestamps
+never go back on the sequence, slices begin and end in balance per track (an unbalanced tail is
+allowed only when `truncated`), every flow has a source and a destination. `summarize` answers
+"where did the time go": time per slice name, the idle fraction of the engine and the learner over
+the traced interval, and the slowest episodes.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import collections
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from google.protobuf.message import DecodeError
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
 _BEGIN, _END, _INSTANT, _COUNTER = (
@@ -24,9 +27,19 @@ _BEGIN, _END, _INSTANT, _COUNTER = (
 )
 
 
+# A packet longer than this is not one of ours (the writer's packets are a few hundred bytes).
+MAX_PACKET_BYTES = 16 << 20
+_PACKET_TAG = 0x0A  # Trace.packet: field 1, length-delimited
+
+
+class TraceError(ValueError):
+    """A file that is not a Perfetto trace, or one with bytes after its packets that are not."""
+
+
 def _read_varint(data: bytes, i: int) -> tuple[int, int]:
+    """(value, next offset); IndexError at the end of data, ValueError past 10 bytes."""
     shift = value = 0
-    while True:
+    for _ in range(10):
         if i >= len(data):
             raise IndexError
         byte = data[i]
@@ -35,24 +48,55 @@ def _read_varint(data: bytes, i: int) -> tuple[int, int]:
         if not byte & 0x80:
             return value, i
         shift += 7
+    raise ValueError("a length varint longer than 10 bytes")
 
 
 def read_packets(path: Path) -> tuple[list[pb.TracePacket], bool]:
-    """(whole packets, whether the file ended inside a packet)."""
-    data = Path(path).read_bytes()
+    """(whole packets, whether the file ended inside a packet).
+
+    A tail that begins a packet and stops is a crash's cut (truncated); any other tail, an empty
+    file and a file with no whole packet raise TraceError naming the file and the byte offset.
+    """
+    path = Path(path)
+    if path.exists() and not path.is_file():
+        raise TraceError(f"{path}: not a regular file")
+    data = path.read_bytes()
+    if not data:
+        raise TraceError(f"{path}: empty file (no trace packets)")
     packets, i = [], 0
     while i < len(data):
-        try:
-            if data[i] != 0x0A:
-                raise ValueError(f"byte {i}: not a Trace.packet field")
-            length, start = _read_varint(data, i + 1)
-        except IndexError:
+        packet, i, truncated = _next_packet(path, data, i, len(packets))
+        if truncated:
+            if not packets:
+                raise TraceError(f"{path}: no whole trace packet ({len(data)} bytes, cut short)")
             return packets, True
-        if start + length > len(data):
-            return packets, True
-        packets.append(pb.TracePacket.FromString(data[start : start + length]))
-        i = start + length
+        packets.append(packet)
     return packets, False
+
+
+def _next_packet(
+    path: Path, data: bytes, i: int, n: int
+) -> tuple[pb.TracePacket | None, int, bool]:
+    where = f"{path}: byte {i} (after {n} whole packets)"
+    if data[i] != _PACKET_TAG:
+        raise TraceError(f"{where}: 0x{data[i]:02x} is not a trace packet; not a Perfetto trace")
+    try:
+        length, start = _read_varint(data, i + 1)
+    except IndexError:
+        return None, i, True
+    except ValueError as e:
+        raise TraceError(f"{where}: {e}; not a Perfetto trace") from None
+    if length > MAX_PACKET_BYTES:
+        raise TraceError(
+            f"{where}: a packet of {length} bytes is implausible; not a Perfetto trace"
+        )
+    if start + length > len(data):
+        return None, i, True
+    try:
+        packet = pb.TracePacket.FromString(data[start : start + length])
+    except DecodeError:
+        raise TraceError(f"{where}: the packet does not decode; not a Perfetto trace") from None
+    return packet, start + length, False
 
 
 @dataclass(slots=True)
