@@ -355,16 +355,145 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command. Exit status: 0 done; 1 the command's own "no" (a failed gate or run);
+    2 bad input, with one line naming it; 3 an endpoint failed; 70 an internal error, with one
+    line and the path of a log holding the traceback; 130 interrupted; 141 stdout was closed
+    (quietly, like a tool killed by SIGPIPE)."""
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        return int(args.func(args))
-    except ConfigError as e:
-        print(f"asyncrl: {e}", file=sys.stderr)
-        return 2
-    except FileNotFoundError as e:
-        print(f"asyncrl: file not found: {e.filename or e}", file=sys.stderr)
-        return 2
+        code = int(args.func(args))
+        sys.stdout.flush()  # a closed pipe surfaces here rather than at interpreter exit
+        return code
+    except KeyboardInterrupt:
+        _say("interrupted")
+        return 130
+    except Exception as e:  # every failure ends as an exit status and one line
+        return _failure(e, argv)
+
+
+# -- how a command fails (used by `main` only) ----------------------------------------------------
+
+# Errors of bad input, by qualified class name (matched along the MRO, so no module is imported
+# to recognise them), and their exit status.
+_EXPECTED: dict[str, int] = {
+    "asyncrl.config.errors.ConfigError": 2,
+    "asyncrl.run_layout.LayoutError": 2,
+    "asyncrl.records.RecordError": 2,
+    "asyncrl.tracing.reader.TraceError": 2,
+    "asyncrl.checkpoint.manager.CheckpointError": 2,
+    "asyncrl.rollout.cursor.CursorError": 2,
+    "asyncrl.learner.state.StateError": 2,
+    "asyncrl.model.hf_checkpoint.CheckpointMismatch": 2,
+    "asyncrl.cloud.jobset.JobSetError": 2,
+    "asyncrl.gates.champion.RegistryError": 2,
+    "asyncrl.pipeline.remote.KfpError": 3,
+    "asyncrl.cloud.provision.ProvisionError": 3,
+}
+_PATH_ERRORS = (
+    FileNotFoundError,
+    IsADirectoryError,
+    NotADirectoryError,
+    FileExistsError,
+    PermissionError,
+)
+_MESSAGE_CHARS = 600
+INTERNAL_ERROR = 70  # EX_SOFTWARE of sysexits.h
+
+
+def _failure(e: Exception, argv: Sequence[str] | None) -> int:
+    if isinstance(e, BrokenPipeError) and _stdout_closed():
+        _silence_stdout()
+        return 141
+    expected = _expected(e)
+    if expected is not None:
+        code, message = expected
+        _say(message)
+        return code
+    try:
+        log = _write_crash_log(e, argv)
+    except OSError as log_error:
+        _say(f"internal error: {type(e).__name__}: {e} (no log: {log_error}); traceback follows")
+        import traceback
+
+        traceback.print_exception(e, file=sys.stderr)
+        return INTERNAL_ERROR
+    _say(f"internal error: {type(e).__name__}: {e}; traceback in {log}")
+    return INTERNAL_ERROR
+
+
+def _expected(e: Exception) -> tuple[int, str] | None:
+    """(exit status, message) for an error of bad input; None for anything else."""
+    if isinstance(e, ConfigError):
+        return 2, str(e)
+    for cls in type(e).__mro__:
+        code = _EXPECTED.get(f"{cls.__module__}.{cls.__qualname__}")
+        if code is not None:
+            return code, str(e)
+    if isinstance(e, _PATH_ERRORS):
+        paths = " -> ".join(str(p) for p in (e.filename, e.filename2) if p is not None)
+        return 2, f"{e.strerror or type(e).__name__}: {paths or e}"
+    if isinstance(e, json.JSONDecodeError):
+        return 2, f"malformed JSON: {e.msg} at line {e.lineno}, column {e.colno}"
+    if isinstance(e, UnicodeDecodeError):
+        return 2, f"not UTF-8 text: {e.reason} at byte {e.start}"
+    return None
+
+
+def _say(message: str) -> None:
+    """One line on stderr, however long or multi-line the message."""
+    text = " ".join(str(message).split())
+    if len(text) > _MESSAGE_CHARS:
+        text = f"{text[: _MESSAGE_CHARS - 20]}... ({len(text)} chars)"
+    print(f"asyncrl: {text}", file=sys.stderr, flush=True)
+
+
+def _write_crash_log(e: Exception, argv: Sequence[str] | None) -> str:
+    """The traceback in a new file under the temp folder ($TMPDIR), written whole or not at all."""
+    import datetime as dt
+    import os
+    import tempfile
+    import traceback
+
+    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%d-%H%M%S")
+    command = " ".join(sys.argv[1:] if argv is None else argv)
+    text = f"asyncrl {command}\n{''.join(traceback.format_exception(e))}"
+    fd, tmp = tempfile.mkstemp(prefix=f".asyncrl-error-{stamp}-", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        final = os.path.join(os.path.dirname(tmp), os.path.basename(tmp)[1:-4] + ".log")
+        os.replace(tmp, final)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+    return final
+
+
+def _stdout_closed() -> bool:
+    """Whether stdout is a pipe or socket whose reader went away (POLLERR on Linux)."""
+    import select
+
+    try:
+        fd = sys.stdout.fileno()
+        poller = select.poll()
+        poller.register(fd, select.POLLOUT)
+        return any(events & (select.POLLERR | select.POLLHUP) for _, events in poller.poll(0))
+    except (AttributeError, OSError, ValueError):  # stdout replaced by an object without a fd
+        return False
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null so the interpreter's final flush does not complain again."""
+    import os
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (AttributeError, OSError, ValueError):
+        pass
 
 
 if __name__ == "__main__":

@@ -32,7 +32,9 @@ class ConfigError(ValueError):
     """
 
     def __init__(self, key: str, message: str, *, source: str = "") -> None:
-        where = f"config key '{key}'" if key else f"config file '{abbreviate(source)}'"
+        where = (
+            f"config key '{abbreviate(key, 120)}'" if key else f"config file '{abbreviate(source)}'"
+        )
         super().__init__(f"{where}: {' '.join(message.split())}")
         self.key = key
         self.message = message

@@ -1,14 +1,11 @@
 """YAML presets plus dotted overrides into a validated `RunConfig`: the one loading path.
 
-Owns the conversion from untyped input (a file, YAML text, `key=value` strings) to the typed
-dataclasses, and refuses, with one `ConfigError` line naming the file or dotted key, the value and
-what is allowed:
-- a file that is missing, a folder, not a regular file, larger than MAX_CONFIG_BYTES, binary, not
-  UTF-8, or empty of settings (blank or only comments);
-- YAML nested deeper than MAX_DEPTH, with anchors or aliases (an alias bomb costs memory before any
-  check could run), merge keys, non-scalar keys, a key given twice, or a scalar over MAX_SCALAR;
-- a key no dataclass declares ("did you mean" hint), a value of the wrong type, a float that is not
-  finite, and a number outside the field's declared `bounds` (default: the int32/float32 range).
+Owns the conversion from plain data (read by `source.py`, which refuses malformed files and YAML)
+plus `key=value` overrides to the typed dataclasses. It refuses, with one `ConfigError` line naming
+the dotted key, the value and what is allowed: a key no dataclass declares ("did you mean" hint), a
+value of the wrong type, a float that is not finite, a number outside its field's declared `bounds`
+(default: the int32/float32 range of device arrays), and text with control characters. A field
+that names a preset (`selects_preset`) has the preset's values filled in under the keys beside it.
 Ranges and relations specific to a field stay in the dataclasses' `__post_init__`.
 """
 
@@ -17,7 +14,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-import stat
 import types
 import typing
 from collections.abc import Mapping, Sequence
@@ -37,10 +33,8 @@ from asyncrl.config.errors import (
 )
 from asyncrl.config.presets import PRESETS_KEY
 from asyncrl.config.run import RunConfig
+from asyncrl.config.source import MAX_SCALAR, parse_value, parse_yaml, read_config_file
 
-MAX_CONFIG_BYTES = 256 * 1024  # the largest shipped config is ~3 KiB
-MAX_DEPTH = 8  # run > section > list is 3 levels; deeper input is a mistake or an attack
-MAX_SCALAR = 4096  # characters in one value (also keeps int parsing far from CPython's limit)
 _INT32 = Bounds(INT32_MIN, INT32_MAX, "the int32 range of device arrays")
 _FLOAT32 = Bounds(-FLOAT32_MAX, FLOAT32_MAX, "the float32 range of device arrays")
 
@@ -65,63 +59,6 @@ def _build(data: dict[str, object], overrides: Sequence[str]) -> RunConfig:
     return from_dict(RunConfig, data)
 
 
-def read_config_file(path: str | Path) -> str:
-    """The text of a config file; anything but a small UTF-8 regular file is refused."""
-    source = str(path)
-    try:
-        st = Path(path).stat()
-        if stat.S_ISDIR(st.st_mode):
-            raise ConfigError("", "is a folder; expected a YAML file", source=source)
-        if not stat.S_ISREG(st.st_mode):
-            raise ConfigError("", "is not a regular file; expected a YAML file", source=source)
-        if st.st_size > MAX_CONFIG_BYTES:
-            raise _too_large(st.st_size, source)
-        with open(path, "rb") as f:
-            data = f.read(MAX_CONFIG_BYTES + 1)
-    except FileNotFoundError:
-        raise ConfigError("", "not found", source=source) from None
-    except NotADirectoryError:
-        raise ConfigError("", "not found (a parent is a file)", source=source) from None
-    except OSError as e:
-        raise ConfigError("", f"cannot be read ({e.strerror or e})", source=source) from None
-    if len(data) > MAX_CONFIG_BYTES:
-        raise _too_large(len(data), source)
-    if b"\0" in data:
-        at = data.index(b"\0")
-        raise ConfigError(
-            "", f"is binary (a NUL byte at offset {at}); expected YAML text", source=source
-        )
-    try:
-        return data.decode("utf-8-sig")
-    except UnicodeDecodeError as e:
-        raise ConfigError(
-            "", f"is not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start})", source=source
-        ) from None
-
-
-def _too_large(size: int, source: str) -> ConfigError:
-    return ConfigError("", f"is {size} bytes; at most {MAX_CONFIG_BYTES} allowed", source=source)
-
-
-def parse_yaml(text: str, source: str) -> dict[str, object]:
-    """A mapping of sections from YAML text, under the limits above."""
-    if len(text) > MAX_CONFIG_BYTES:
-        raise _too_large(len(text.encode("utf-8", "replace")), source)
-    loaded = _safe_yaml(text, source, key="")
-    if loaded is _EMPTY:
-        raise ConfigError(
-            "",
-            "holds no settings (it is empty or only comments); expected sections such as "
-            "'learner:'",
-            source=source,
-        )
-    if not isinstance(loaded, dict):
-        raise ConfigError(
-            "", f"must hold a mapping of sections, got a {_kind(loaded)}", source=source
-        )
-    return loaded
-
-
 def parse_override(item: str) -> tuple[str, object]:
     """Split "learner.lr=3e-6" into its key and a YAML-typed value (plain text if not YAML)."""
     key, sep, raw = item.partition("=")
@@ -130,116 +67,7 @@ def parse_override(item: str) -> tuple[str, object]:
         raise ConfigError(abbreviate(item), "an override must look like section.key=value")
     if not all(part.strip() for part in key.split(".")):
         raise ConfigError(abbreviate(key), "an override key is dotted names such as learner.lr")
-    if not raw.strip():
-        return key, ""
-    try:
-        value = _safe_yaml(raw, f"override {key}", key=key)
-    except ConfigError as e:
-        if e.message.startswith("is not valid YAML"):
-            return key, raw
-        raise
-    return key, "" if value is _EMPTY else value
-
-
-_EMPTY = object()  # a YAML document with no content (blank or only comments)
-
-
-def _safe_yaml(text: str, source: str, key: str) -> object:
-    loader = None
-    try:
-        loader = _StrictLoader(text, key)  # checks the characters first
-        node = loader.get_single_node()
-        if node is None:
-            return _EMPTY
-        _check_keys(node, [key] if key else [])
-        return loader.construct_document(node)
-    except yaml.MarkedYAMLError as e:
-        mark = e.problem_mark or e.context_mark
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = " ".join(str(e.problem or e.context or "").split())
-        raise ConfigError(key, f"is not valid YAML{where}: {problem}", source=source) from None
-    except yaml.YAMLError as e:
-        raise ConfigError(key, f"is not valid YAML: {e}", source=source) from None
-    finally:
-        if loader is not None:
-            loader.dispose()
-
-
-class _StrictLoader(yaml.SafeLoader):
-    """SafeLoader that refuses anchors, aliases and nesting deeper than MAX_DEPTH while composing,
-    before anything is built (so an alias bomb or a deep document never costs memory or stack)."""
-
-    def __init__(self, text: str, key: str) -> None:
-        super().__init__(text)
-        self._path: list[str] = [key] if key else []
-        self._depth = 0
-
-    def compose_node(self, parent: yaml.Node | None, index: object) -> yaml.Node:
-        part = index.value if isinstance(index, yaml.ScalarNode) else None
-        part = f"[{index}]" if isinstance(index, int) else part
-        if part is not None:
-            self._path.append(str(part))
-        try:
-            return self._compose_checked(parent, index)
-        finally:
-            if part is not None:
-                self._path.pop()
-
-    def _compose_checked(self, parent: yaml.Node | None, index: object) -> yaml.Node:
-        event = self.peek_event()
-        where = _dotted(self._path) or "<root>"
-        if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None):
-            name = getattr(event, "anchor", "")
-            raise ConfigError(
-                where,
-                f"YAML anchor/alias '{abbreviate(name)}' (line "
-                f"{event.start_mark.line + 1}); anchors and aliases are not allowed",
-            )
-        if isinstance(event, yaml.ScalarEvent) and len(event.value) > MAX_SCALAR:
-            raise ConfigError(
-                where, f"a value of {len(event.value)} characters; at most {MAX_SCALAR}"
-            )
-        nests = isinstance(event, yaml.SequenceStartEvent | yaml.MappingStartEvent)
-        if nests and self._depth >= MAX_DEPTH:
-            raise ConfigError(
-                where,
-                f"YAML nested deeper than {MAX_DEPTH} levels (line "
-                f"{event.start_mark.line + 1}); configs are sections of keys",
-            )
-        self._depth += nests
-        try:
-            return super().compose_node(parent, index)
-        finally:
-            self._depth -= nests
-
-
-def _check_keys(node: yaml.Node, path: list[str]) -> None:
-    """Every mapping key is a plain scalar, not a merge key, and given once (YAML itself lets
-    the last duplicate win silently)."""
-    if isinstance(node, yaml.SequenceNode):
-        for i, item in enumerate(node.value):
-            _check_keys(item, [*path, f"[{i}]"])
-    if not isinstance(node, yaml.MappingNode):
-        return
-    seen: dict[str, int] = {}
-    for key_node, value_node in node.value:
-        line = key_node.start_mark.line + 1
-        if not isinstance(key_node, yaml.ScalarNode):
-            raise ConfigError(
-                _dotted(path) or "<root>", f"a non-scalar key at line {line}; keys are plain names"
-            )
-        name = key_node.value
-        here = _dotted([*path, name])
-        if key_node.tag == "tag:yaml.org,2002:merge":
-            raise ConfigError(here, f"a merge key (line {line}); merge keys are not allowed")
-        if name in seen:
-            raise ConfigError(
-                here,
-                f"given twice (lines {seen[name]} and {line}); each key and "
-                "section may appear once",
-            )
-        seen[name] = line
-        _check_keys(value_node, [*path, name])
+    return key, parse_value(raw, key) if raw.strip() else ""
 
 
 def from_dict(cls: type, data: object, prefix: str = "") -> typing.Any:
@@ -386,10 +214,6 @@ def _set_dotted(data: dict[str, object], key: str, value: object) -> None:
             raise ConfigError(".".join(parts[: i + 1]), "is a value, not a section")
         node = child
     node[parts[-1]] = value
-
-
-def _dotted(path: list[str]) -> str:
-    return "".join(p if p.startswith("[") or i == 0 else f".{p}" for i, p in enumerate(path))
 
 
 def _shown(value: object) -> str:
