@@ -116,3 +116,37 @@ def test_config_module_imports_no_jax():
     code = "import sys, asyncrl.config, asyncrl.types; print('jax' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_field_metadata_declares_bounds_and_presets_for_any_section():
+    """The loader knows no section by name: bounds and preset tables are declared per field."""
+    from dataclasses import dataclass, field
+
+    from asyncrl.config import from_dict
+    from asyncrl.config.errors import bounds
+    from asyncrl.config.presets import selects_preset
+
+    @dataclass(frozen=True, slots=True, kw_only=True)
+    class Toy:
+        kind: str = field(default="custom", metadata=selects_preset({"big": {"width": 64}}))
+        width: int = field(default=8, metadata=bounds(1, 100, "toy widths"))
+        wide: int = field(default=0, metadata=bounds(0, 2**40, "int64 on purpose"))
+
+    assert from_dict(Toy, {"kind": "big"}).width == 64
+    assert from_dict(Toy, {"kind": "big", "width": 3}).width == 3
+    assert from_dict(Toy, {"wide": 2**39}).wide == 2**39  # a declared range may exceed int32
+    with pytest.raises(ConfigError) as info:
+        from_dict(Toy, {"width": 101}, "toy")
+    assert info.value.key == "toy.width"
+    assert "an integer in [1, 100] (toy widths)" in str(info.value)
+    with pytest.raises(ConfigError, match="unknown preset 'bigg' \\(did you mean 'big'\\?\\)"):
+        from_dict(Toy, {"kind": "bigg"})
+
+
+def test_to_yaml_never_writes_anchors_the_loader_would_refuse():
+    from asyncrl.config import load_config_text
+
+    cfg = load_config(None, ["rollout.prefill_buckets=[16,64,128]", "env.tasks=[lookup]"])
+    text = to_yaml(cfg)
+    assert "&" not in text and "*" not in text
+    assert load_config_text(text) == cfg
