@@ -34,10 +34,13 @@ def test_group_advantages_by_hand():
 
 
 def _settings(name="grpo", correction="none", kl=0.0, est="k3", lo=0.2, hi=0.2):
+    # The hand-computed cases: "none" clips against the behaviour policy; tis/mis weight tokens
+    # by the learner-to-behaviour ratio with a proximal policy equal to the current one (r = 1).
     return LossSettings(
         name=name,
         epsilon_low=lo,
         epsilon_high=hi,
+        clip_against="behaviour" if correction == "none" else "proximal",
         correction=correction,
         is_cap=2.0,
         kl_coef=kl,
@@ -60,6 +63,7 @@ def _inputs(ref=None):
         advantages=jnp.asarray(ADV),
         n_sequences=jnp.float32(2),
         n_tokens=jnp.float32(MASK.sum()),
+        proximal=jnp.asarray(LOGP),
         ref_logp=ref,
     )
 
@@ -117,7 +121,9 @@ def test_kl_penalty_by_hand(est):
 @pytest.mark.parametrize("name", ["grpo", "dr_grpo", "dapo", "gspo"])
 def test_loss_ignores_every_token_with_mask_zero(name):
     def loss_of(logp, behaviour):
-        x = dataclasses.replace(_inputs(), logp=logp, behaviour=behaviour)
+        x = dataclasses.replace(
+            _inputs(), logp=logp, behaviour=behaviour, proximal=jax.lax.stop_gradient(logp)
+        )
         return policy_loss(x, _settings(name, "tis"))[0]
 
     grads = jax.grad(loss_of)(jnp.asarray(LOGP), jnp.asarray(BEHAV))
@@ -162,8 +168,13 @@ def _trajectories(n=8, seed=0):
 
 def _groups(trajs):
     return [
-        Group(group_id=g, task_id="t", trajectories=tuple(t for t in trajs if t.group_id == g))
-        for g in sorted({t.group_id for t in trajs})
+        Group(
+            group_id=g,
+            number=n,
+            task_id="t",
+            trajectories=tuple(t for t in trajs if t.group_id == g),
+        )
+        for n, g in enumerate(sorted({t.group_id for t in trajs}))
     ]
 
 

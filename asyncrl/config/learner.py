@@ -16,6 +16,7 @@ LossName = Literal["grpo", "dr_grpo", "dapo", "gspo"]
 AdvantageScaling = Literal["group", "batch", "none"]
 KLEstimator = Literal["k1", "k3"]
 OffPolicyCorrection = Literal["none", "tis", "mis"]
+ClipAgainst = Literal["behaviour", "proximal"]
 Schedule = Literal["constant", "cosine", "linear"]
 
 
@@ -46,17 +47,37 @@ class LearnerConfig:
     # PPO-style clip range of the importance ratio (dapo: asymmetric).
     epsilon_low: float = 0.2
     epsilon_high: float = 0.2
+    # What the ratio is clipped against: "behaviour" = the rollout's recorded log-probs (PPO/GRPO
+    # as published); "proximal" = decoupled PPO (AReaL), the learner's own policy recomputed when
+    # the batch is consumed, with importance weights to the behaviour policy. With "proximal" the
+    # clip only acts from a batch's second mini-batch on (see `minibatches`).
+    clip_against: ClipAgainst = "behaviour"
+    # Optimizer updates per batch: the batch is split into this many mini-batches, each one
+    # update (the ratio's old policy stays that of the batch's start). 1 = one update per batch.
+    minibatches: int = 1
+    # Normalise every loss by the batch's sampled tokens (a token mean) instead of its own
+    # normaliser (grpo: per-sequence means; dr_grpo: B·max_response_length; gspo: per sequence).
+    # dapo always is token-level.
+    token_level_norm: bool = False
     # Advantage normalisation: divide by the group's std, the batch's std, or not at all.
     advantage_scaling: AdvantageScaling = "group"
     # Weight of the KL penalty to a frozen reference policy (0 = no reference kept).
     kl_coef: float = 0.0
     kl_estimator: KLEstimator = "k3"
-    # Correction for the gap between the rollout policy and the learner's: none, truncated or
-    # masked importance sampling with cap `is_cap`.
+    # Correction for the gap between the rollout policy and the learner's, with cap `is_cap`:
+    # clip_against=behaviour: "tis" truncates the ratio at is_cap (dual-clip PPO), "mis" masks
+    # tokens whose ratio exceeds it; clip_against=proximal: truncated or masked importance weight
+    # to the behaviour policy; "none": neither (see learner/losses.py).
     off_policy_correction: OffPolicyCorrection = "tis"
     is_cap: float = 2.0
-    # Exclude truncated completions from the loss.
+    # DAPO's overlong filtering: truncated episodes (token or turn limit) get loss mask 0; they
+    # still count in their group's advantage baseline.
     mask_truncated: bool = False
+    # DAPO dynamic sampling: a complete group whose members all got the same reward (no
+    # advantage signal) is skipped and the loop waits for another, at most `max_skipped_groups`
+    # times per step (beyond that such groups are trained on; they contribute no gradient).
+    skip_no_signal_groups: bool = False
+    max_skipped_groups: int = 64
     # How many policy versions old a trajectory's oldest token may be when trained on.
     max_staleness: int = 1
     # Publish weights to the engine every this many optimizer steps.
@@ -73,10 +94,11 @@ class LearnerConfig:
             "micro_batch_tokens",
             "max_response_length",
             "sync_every",
+            "minibatches",
         ):
             value = getattr(self, name)
             require(value > 0, name, value, "a positive integer")
-        for name in ("warmup_steps", "max_staleness", "eval_every"):
+        for name in ("warmup_steps", "max_staleness", "eval_every", "max_skipped_groups"):
             value = getattr(self, name)
             require(value >= 0, name, value, "an integer >= 0")
         require(self.lr > 0, "lr", self.lr, "a number > 0")
@@ -88,6 +110,12 @@ class LearnerConfig:
         require(self.epsilon_high > 0, "epsilon_high", self.epsilon_high, "a number > 0")
         require(self.kl_coef >= 0, "kl_coef", self.kl_coef, "a number >= 0")
         require(self.is_cap >= 1, "is_cap", self.is_cap, "a number >= 1")
+        require(
+            self.minibatches <= self.batch_size,
+            "minibatches",
+            self.minibatches,
+            f"at most learner.batch_size={self.batch_size} (every mini-batch needs a trajectory)",
+        )
         require(self.time_budget_s >= 0, "time_budget_s", self.time_budget_s, "a number >= 0")
         require(
             self.warmup_steps <= self.steps,

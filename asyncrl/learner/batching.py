@@ -5,7 +5,9 @@ first; a target counts in the loss when the model sampled it (loss mask 1) and i
 not excluded (e.g. truncated, with `mask_truncated`). Rows are padded to a length bucket and packed
 into micro-batches of a fixed number of rows (a token budget), assigned so that every micro-batch
 carries about the same Σ L² (attention cost grows with the square of the length). Shapes depend
-only on the bucket, so a training run compiles a handful of step functions.
+only on the bucket, so a training run compiles a handful of step functions. With k mini-batches
+(several optimizer updates per batch) the number of micro-batches is a multiple of k and mini-batch
+j is the j-th run of consecutive micro-batches; every micro-batch holds at least one trajectory.
 """
 
 from __future__ import annotations
@@ -35,11 +37,16 @@ class TrainBatch:
     advantages: jax.Array  # [M, R] float32
     n_sequences: jax.Array  # [] float32: rows with at least one counted token (B)
     n_tokens: jax.Array  # [] float32: counted tokens in the whole batch (N)
+    no_signal_share: jax.Array  # [] float32: share of the batch's groups whose rewards are equal
 
 
 def bucket_length(n: int, max_len: int) -> int:
     """n rounded up to a multiple of MIN_BUCKET, capped at max_len: few shapes, little padding."""
     return min(-(-max(n, 1) // MIN_BUCKET) * MIN_BUCKET, max_len)
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
 
 
 def assign_rows(lengths: Sequence[int], n_micro: int, rows: int) -> list[list[int]]:
@@ -62,16 +69,23 @@ def build_batch(
     micro_batch_tokens: int,
     mask_truncated: bool = False,
     rows: int | None = None,
+    minibatches: int = 1,
+    no_signal_share: float = 0.0,
 ) -> TrainBatch:
     """Pack trajectories (with their advantages) into a TrainBatch; `rows` overrides the budget."""
     if len(trajectories) != len(advantages):
         raise ValueError("one advantage per trajectory")
+    if len(trajectories) < minibatches:
+        raise ValueError(f"{len(trajectories)} trajectories cannot fill {minibatches} mini-batches")
     longest = max(len(t.tokens) for t in trajectories) - 1
     width = bucket_length(longest, max_len)
     if longest > width:
         raise ValueError(f"a trajectory of {longest + 1} tokens exceeds max_len={max_len}")
-    rows = rows or max(1, min(len(trajectories), micro_batch_tokens // width))
-    n_micro = -(-len(trajectories) // rows)
+    n = len(trajectories)
+    rows = rows or max(1, min(_ceil_div(n, minibatches), micro_batch_tokens // width))
+    n_micro = _ceil_div(_ceil_div(n, rows), minibatches) * minibatches
+    if n_micro > n:
+        raise ValueError(f"{rows} rows per micro-batch leave a mini-batch without trajectories")
     bins = assign_rows([len(t.tokens) for t in trajectories], n_micro, rows)
     shape = (n_micro, rows, width)
     arrays = {
@@ -100,5 +114,6 @@ def build_batch(
         advantages=adv,
         n_sequences=np.float32(max(counted.sum(), 1)),
         n_tokens=np.float32(arrays["mask"].sum()),
+        no_signal_share=np.float32(no_signal_share),
         **arrays,
     )

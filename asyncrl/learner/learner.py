@@ -3,10 +3,14 @@
 Effects live here (device placement, the donated state); the math lives in `step.py`,
 `losses.py`, `advantages.py` and `batching.py`. `params_copy()` is what a publisher sends: a copy,
 because the next step donates the state's buffers.
+
+`vocab_limit` (the ids the engine may sample) and `temperature` (the rollout's) make the learner
+score exactly the distribution the engine sampled from: give it the engine's values.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 
 import jax
@@ -16,11 +20,11 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from asyncrl.config.learner import LearnerConfig
 from asyncrl.config.warm_start import WarmStartConfig
-from asyncrl.learner.advantages import group_advantages
+from asyncrl.learner.advantages import group_advantages, has_signal
 from asyncrl.learner.batching import TrainBatch, build_batch
 from asyncrl.learner.losses import LossSettings
 from asyncrl.learner.optimizer import OptimizerSettings, make_optimizer
-from asyncrl.learner.step import TrainState, init_state, make_rl_step, make_sft_step
+from asyncrl.learner.step import Scoring, TrainState, init_state, make_rl_step, make_sft_step
 from asyncrl.model import Transformer
 from asyncrl.model.sharding import copy_state, shard_model
 from asyncrl.types import Group, Trajectory
@@ -35,19 +39,41 @@ class Learner:
         max_len: int,
         mesh: Mesh | None = None,
         sft: WarmStartConfig | None = None,
+        vocab_limit: int | None = None,
+        temperature: float = 1.0,
     ) -> None:
+        """`vocab_limit`: the engine's (None = every row of the model); `temperature`: the
+        rollout's (0 = greedy, whose recorded log-probs the engine takes at temperature 1)."""
         self.cfg, self.max_len, self.mesh = cfg, max_len, mesh
+        if vocab_limit is not None and not 0 < vocab_limit <= model.cfg.vocab_size:
+            raise ValueError(f"vocab_limit={vocab_limit} is not in [1, {model.cfg.vocab_size}]")
+        if temperature < 0:
+            raise ValueError(f"temperature={temperature} is negative")
+        self.vocab_limit = vocab_limit
         if mesh is not None:
             shard_model(model, mesh)
         self.graphdef, params, self.rest = nnx.split(model, nnx.Param, ...)
-        settings = OptimizerSettings.sft(sft) if sft is not None else OptimizerSettings.rl(cfg)
+        if sft is not None:
+            settings = OptimizerSettings.sft(sft)
+        else:  # the schedule counts optimizer updates: `minibatches` per RL step
+            k = cfg.minibatches
+            rl = OptimizerSettings.rl(cfg)
+            settings = dataclasses.replace(rl, steps=rl.steps * k, warmup_steps=rl.warmup_steps * k)
         tx, self.schedule = make_optimizer(settings)
         self.state: TrainState = init_state(copy_state(params), tx)
         self.reference = copy_state(params) if cfg.kl_coef > 0 and sft is None else None
+        rl_scoring = Scoring(vocab_limit=vocab_limit, temperature=temperature or 1.0)
         self._rl_step = make_rl_step(
-            self.graphdef, self.rest, tx, self.schedule, LossSettings.of(cfg)
+            self.graphdef,
+            self.rest,
+            tx,
+            self.schedule,
+            LossSettings.of(cfg),
+            rl_scoring,
+            minibatches=cfg.minibatches,
         )
-        self._sft_step = make_sft_step(self.graphdef, self.rest, tx, self.schedule)
+        sft_scoring = Scoring(vocab_limit=vocab_limit)
+        self._sft_step = make_sft_step(self.graphdef, self.rest, tx, self.schedule, sft_scoring)
 
     @property
     def step(self) -> int:
@@ -55,8 +81,10 @@ class Learner:
 
     def batch_from_groups(self, groups: Sequence[Group], rows: int | None = None) -> TrainBatch:
         trajectories = [t for g in groups for t in g.trajectories]
+        self._check_sampleable(trajectories)
         rewards = [[t.reward for t in g.trajectories] for g in groups]
         advantages = np.concatenate(group_advantages(rewards, self.cfg.advantage_scaling))
+        no_signal = sum(not has_signal(r) for r in rewards) / max(len(rewards), 1)
         return build_batch(
             trajectories,
             advantages.tolist(),
@@ -64,6 +92,8 @@ class Learner:
             micro_batch_tokens=self.cfg.micro_batch_tokens,
             mask_truncated=self.cfg.mask_truncated,
             rows=rows,
+            minibatches=self.cfg.minibatches,
+            no_signal_share=no_signal,
         )
 
     def sft_batch(self, trajectories: Sequence[Trajectory], rows: int | None = None) -> TrainBatch:
@@ -78,7 +108,11 @@ class Learner:
     def rl_step(
         self, batch: TrainBatch, on_dispatch: Callable[[int], None] | None = None
     ) -> dict[str, float]:
-        """One RL step; `on_dispatch(step)` runs once the step is dispatched, before it ends."""
+        """One RL step; `on_dispatch(step)` runs once the step is dispatched, before it ends.
+
+        Its metrics include entropy, clip_frac, kl (to the reference, when one is kept),
+        kl_behaviour (to the rollout policy) and no_signal_share.
+        """
         self.state, metrics = self._rl_step(self.state, self._place(batch), self.reference)
         if on_dispatch is not None:
             on_dispatch(self.step)
@@ -94,6 +128,19 @@ class Learner:
     def model(self) -> Transformer:
         """A model with the current parameters (a copy: safe across later steps)."""
         return nnx.merge(self.graphdef, self.params_copy(), self.rest)
+
+    def _check_sampleable(self, trajectories: Sequence[Trajectory]) -> None:
+        """A sampled token the engine could not have sampled means mismatched vocabularies."""
+        if self.vocab_limit is None:
+            return
+        for t in trajectories:
+            bad = [
+                x for x, m in zip(t.tokens, t.loss_mask, strict=True) if m and x >= self.vocab_limit
+            ]
+            if bad:
+                raise ValueError(
+                    f"trajectory {t.id} has sampled id {bad[0]} >= vocab_limit={self.vocab_limit}"
+                )
 
     def _place(self, batch: TrainBatch) -> TrainBatch:
         if self.mesh is None:
