@@ -232,3 +232,78 @@ def test_mask_truncated_drops_truncated_rows_from_the_loss():
     truncated_tokens = sum(trajs[3].loss_mask[1:])
     assert float(kept.n_tokens - masked.n_tokens) == truncated_tokens
     assert float(masked.n_sequences) == 7
+
+
+# An on-policy token's ratio to its recorded log-prob: engine (cached decode) vs learner (full
+# forward) differ only by float32 op order.
+ON_POLICY_TOL = 1e-4
+ENGINE_VOCAB = 272  # the byte tokenizer's sampleable ids; the micro model has 320 rows
+
+
+def _engine_groups(model, cfg, temperature, n_groups=2, seed=0):
+    """Groups sampled by the real engine at `temperature` (prompt tokens carry mask 0)."""
+    import asyncio
+
+    from asyncrl.sampling.engine import Engine
+    from asyncrl.types import GenerateRequest, SamplingParams
+
+    rng = np.random.default_rng(seed)
+    prompts = [tuple(int(x) for x in rng.integers(1, 250, 5 + 3 * g)) for g in range(n_groups)]
+    group_size = cfg.rollout.group_size
+    engine = Engine(model, cfg.rollout, max_len=256, vocab_limit=ENGINE_VOCAB)
+
+    async def sample():
+        requests = [
+            GenerateRequest(
+                prompt=p,
+                params=SamplingParams(max_tokens=24, temperature=temperature, seed=100 * g + i),
+            )
+            for g, p in enumerate(prompts)
+            for i in range(group_size)
+        ]
+        return await asyncio.gather(*[engine.generate(r) for r in requests])
+
+    try:
+        completions = asyncio.run(sample())
+    finally:
+        engine.close()
+    groups = []
+    for g, p in enumerate(prompts):
+        members = []
+        for i in range(group_size):
+            c = completions[g * group_size + i]
+            members.append(
+                Trajectory(
+                    id=f"{g}.{i}",
+                    group_id=f"g{g}",
+                    task_id="t",
+                    tokens=p + c.tokens,
+                    loss_mask=(0,) * len(p) + (1,) * len(c.tokens),
+                    logprobs=(0.0,) * len(p) + c.logprobs,
+                    versions=(-1,) * len(p) + c.versions,
+                    reward=float(i % 2),
+                )
+            )
+        groups.append(Group(group_id=f"g{g}", number=g, task_id="t", trajectories=tuple(members)))
+    return groups
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_on_policy_ratio_is_one_for_every_token(temperature):
+    cfg = micro_config("rollout.engine_slots=8")
+    model = build_model(cfg.model, seed=3)
+    groups = _engine_groups(model, cfg, temperature)
+    exact = Learner(
+        model, cfg.learner, max_len=256, vocab_limit=ENGINE_VOCAB, temperature=temperature
+    )
+    batch = exact.batch_from_groups(groups)
+    mask = np.asarray(batch.mask) > 0
+    assert mask.sum() == 8 * 24
+    ratio = np.exp(exact.score(batch) - np.asarray(batch.behaviour))[mask]
+    assert np.max(np.abs(ratio - 1)) <= ON_POLICY_TOL
+    # The relation can fail: scoring over the whole vocabulary at temperature 1 is off.
+    naive = Learner(model, cfg.learner, max_len=256)
+    naive_ratio = np.exp(naive.score(batch) - np.asarray(batch.behaviour))[mask]
+    assert np.max(np.abs(naive_ratio - 1)) > 100 * ON_POLICY_TOL
+    metrics = exact.rl_step(batch)
+    assert metrics["clip_frac"] == 0.0 and abs(metrics["is_ratio"] - 1) <= ON_POLICY_TOL

@@ -24,7 +24,14 @@ from asyncrl.learner.advantages import group_advantages, has_signal
 from asyncrl.learner.batching import TrainBatch, build_batch
 from asyncrl.learner.losses import LossSettings
 from asyncrl.learner.optimizer import OptimizerSettings, make_optimizer
-from asyncrl.learner.step import Scoring, TrainState, init_state, make_rl_step, make_sft_step
+from asyncrl.learner.step import (
+    Scoring,
+    TrainState,
+    init_state,
+    make_rl_step,
+    make_sft_step,
+    token_logprobs,
+)
 from asyncrl.model import Transformer
 from asyncrl.model.sharding import copy_state, shard_model
 from asyncrl.types import Group, Trajectory
@@ -62,18 +69,19 @@ class Learner:
         tx, self.schedule = make_optimizer(settings)
         self.state: TrainState = init_state(copy_state(params), tx)
         self.reference = copy_state(params) if cfg.kl_coef > 0 and sft is None else None
-        rl_scoring = Scoring(vocab_limit=vocab_limit, temperature=temperature or 1.0)
+        self.scoring = Scoring(vocab_limit=vocab_limit, temperature=temperature or 1.0)
         self._rl_step = make_rl_step(
             self.graphdef,
             self.rest,
             tx,
             self.schedule,
             LossSettings.of(cfg),
-            rl_scoring,
+            self.scoring,
             minibatches=cfg.minibatches,
         )
         sft_scoring = Scoring(vocab_limit=vocab_limit)
         self._sft_step = make_sft_step(self.graphdef, self.rest, tx, self.schedule, sft_scoring)
+        self._score: Callable | None = None
 
     @property
     def step(self) -> int:
@@ -121,6 +129,21 @@ class Learner:
     def sft_step(self, batch: TrainBatch) -> dict[str, float]:
         self.state, metrics = self._sft_step(self.state, self._place(batch))
         return {k: float(v) for k, v in metrics.items()}
+
+    def score(self, batch: TrainBatch) -> np.ndarray:
+        """log π_θ of every target of `batch` ([M, R, T]) as the RL step scores it (no update)."""
+        if self._score is None:
+
+            def score(params, arrays):
+                def one(mb):
+                    return token_logprobs(self.graphdef, params, self.rest, *mb, self.scoring)[0]
+
+                return jax.lax.map(one, arrays)
+
+            self._score = jax.jit(score)
+        batch = self._place(batch)
+        arrays = (batch.inputs, batch.positions, batch.valid, batch.targets)
+        return np.asarray(self._score(self.state.params, arrays))
 
     def params_copy(self) -> nnx.State:
         return copy_state(self.state.params)
