@@ -38,42 +38,43 @@ def _cmd_run(args: argparse.Namespace) -> int:
     """The main job: the whole pipeline on this machine through kfp.local (SubprocessRunner)."""
     cfg = load_config(args.config, args.overrides)
     from asyncrl.pipeline.local import run_local
+    from asyncrl.run_layout import RunLayout, Stage
 
     result = run_local(cfg)
-    d = result.run_dir
-    print(f"run folder: {d}")
+    layout = RunLayout.of(result.run_dir)
+    print(f"run folder: {layout.root}")
     print(f"pipeline: {result.final_state}; stages done: {', '.join(result.stages_done)}")
-    for label, rel in (
-        ("report", "report.html"),
-        ("report (markdown)", "report.md"),
-        ("trace", "train/trace.perfetto-trace"),
-        ("learning curve", "train/learning_curve.png"),
-        ("gate report", "quality_gate/report.json"),
-        ("recovery verdict", "recovery_test/verdict.json"),
+    for label, path in (
+        ("report", layout.report_html),
+        ("report (markdown)", layout.report_md),
+        ("trace", layout.trace),
+        ("learning curve", layout.dir(Stage.TRAIN) / "learning_curve.png"),
+        ("gate report", layout.result_path(Stage.QUALITY_GATE)),
+        ("recovery verdict", layout.result_path(Stage.RECOVERY_TEST)),
     ):
-        if (d / rel).exists():
-            print(f"{label}: {d / rel}")
+        if path.exists():
+            print(f"{label}: {path}")
     if result.gate_passed is False:
         print("quality gate FAILED (see the gate report)")
     return 0 if result.succeeded else 1
 
 
 def _run_dir(args: argparse.Namespace, cfg):
-    from pathlib import Path
-
-    from asyncrl.stages.run_dir import create_run_dir
+    """The run folder: --run-dir as given, else runs_dir/<run id> claimed for this config (a
+    reused run id with another config is refused)."""
+    from asyncrl.run_layout import RunLayout, new_run_id
+    from asyncrl.stages.provision import claim
 
     if args.run_dir:
-        path = Path(args.run_dir)
-        path.mkdir(parents=True, exist_ok=True)
-        return path
-    return create_run_dir(cfg)
+        return RunLayout.of(args.run_dir).create()
+    layout = RunLayout.at(cfg.pipeline.runs_dir, cfg.pipeline.run_id or new_run_id())
+    return claim(layout, cfg)
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
     """The train stage alone; resumes when the run folder holds a complete checkpoint."""
     cfg = load_config(args.config, args.overrides)
-    from asyncrl.stages.runtime import ensure_host_devices
+    from asyncrl.wiring.devices import ensure_host_devices
 
     ensure_host_devices(cfg)
     from asyncrl.cloud.distributed import initialize_from_env
@@ -82,15 +83,15 @@ def _cmd_train(args: argparse.Namespace) -> int:
     from asyncrl.checkpoint.manager import CheckpointError
     from asyncrl.stages.train import train
 
-    run_dir = _run_dir(args, cfg)
+    layout = _run_dir(args, cfg)
     try:
-        tr = train(cfg, run_dir, init_model=args.init_model)
+        tr = train(cfg, layout, init_model=args.init_model)
     except CheckpointError as e:
         print(f"asyncrl: {e}", file=sys.stderr)
         return 2
     print(
         f"train: {tr.steps} steps, held-out solve rate {100 * tr.initial_solve_rate:.1f}% -> "
-        f"{100 * tr.final_solve_rate:.1f}% ({run_dir}/train/)"
+        f"{100 * tr.final_solve_rate:.1f}% ({layout.root}/train/)"
     )
     return 0
 
@@ -98,12 +99,13 @@ def _cmd_train(args: argparse.Namespace) -> int:
 def _cmd_recovery_test(args: argparse.Namespace) -> int:
     """Kill a short training run at each risky phase, resume it, print the verdict table."""
     cfg = load_config(args.config, args.overrides)
+    from asyncrl.run_layout import Stage
     from asyncrl.stages.recovery_test import recovery_test, table
 
-    run_dir = _run_dir(args, cfg)
-    verdict = recovery_test(cfg, run_dir, init_model=args.init_model)
+    layout = _run_dir(args, cfg)
+    verdict = recovery_test(cfg, layout, init_model=args.init_model)
     print(table(verdict))
-    print(f"verdict: {run_dir}/recovery_test/verdict.json")
+    print(f"verdict: {layout.result_path(Stage.RECOVERY_TEST)}")
     return 0 if verdict.passed else 1
 
 
@@ -130,11 +132,10 @@ def _cmd_trace_summary(args: argparse.Namespace) -> int:
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
+    from asyncrl.run_layout import RunLayout
     from asyncrl.stages.report import write_report
 
-    paths = write_report(Path(args.run_dir))
+    paths = write_report(RunLayout.of(args.run_dir))
     print(f"report: {paths.markdown}\nreport: {paths.html}")
     return 0
 
@@ -143,15 +144,21 @@ def _cmd_gate(args: argparse.Namespace) -> int:
     """Gate a run's model: exit 0 when it passes, 1 with the failed checks when it does not."""
     from pathlib import Path
 
-    run_dir = Path(args.run_dir)
-    config = args.config or str(run_dir / "config.yaml")
-    cfg = load_config(config, args.overrides)
+    from asyncrl.run_layout import RunLayout, Stage
+
+    layout = RunLayout.of(args.run_dir)
+    if not layout.root.is_dir():
+        raise ConfigError("run_dir", f"{args.run_dir!r:.80} is not an existing run folder")
+    cfg = load_config(args.config or str(layout.config), args.overrides)
+    from asyncrl.stages.promote import promote
     from asyncrl.stages.quality_gate import format_report, quality_gate
 
-    outcome = quality_gate(cfg, run_dir, Path(args.model) if args.model else None)
-    print(format_report(outcome))
-    print(f"report: {outcome.report_path}")
-    return 0 if outcome.report.passed else 1
+    result = quality_gate(cfg, layout, Path(args.model) if args.model else None)
+    print(format_report(result))
+    print(f"report: {layout.result_path(Stage.QUALITY_GATE)}")
+    promotion = promote(cfg, layout)
+    print(f"promotion: {promotion.decision.value}")
+    return 0 if result.passed else 1
 
 
 def _cmd_pipeline_compile(args: argparse.Namespace) -> int:
@@ -252,7 +259,7 @@ def _cmd_jobset_render(args: argparse.Namespace) -> int:
 def _cmd_rollout_server(args: argparse.Namespace) -> int:
     """A rollout replica for placement 'remote': serve an engine on a TCP port."""
     cfg = load_config(args.config, args.overrides)
-    from asyncrl.stages.rollout_server import serve
+    from asyncrl.serving.replica import serve
 
     serve(cfg, args.host, args.port, args.init_model, args.ready_file)
     return 0

@@ -73,6 +73,44 @@ class Completion:
     cached_tokens: int = 0
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Task:
+    """One problem. `environment` names the registered environment that runs it."""
+
+    id: str
+    family: str
+    prompt: str
+    answer: str
+    environment: str = "tool"
+    table: tuple[tuple[str, str], ...] = ()  # the lookup family's key-value store
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NumberedTask:
+    """The n-th draw of a run's task stream: group `number` of the run runs `task`.
+
+    `replay` marks a group re-issued after a restore (same number, so the same group id and seeds).
+    """
+
+    number: int
+    task: Task
+    replay: bool = False
+
+    @property
+    def group_id(self) -> str:
+        return f"{self.task.id}@{self.number}"
+
+
+class GroupOutcome(enum.StrEnum):
+    """How a group's story ended: the one vocabulary of the data cursor and the loop's counters."""
+
+    TRAINED = "trained"  # consumed by an optimizer step
+    STALE = "stale"  # complete, but too old for the staleness bound: dropped whole
+    FAILED = "failed"  # a member failed and the failure policy dropped the group
+    WITHDRAWN = "withdrawn"  # the run stopped before the group could finish; issued again on resume
+    NO_SIGNAL = "no_signal"  # every member got the same reward: zero advantages (dynamic sampling)
+
+
 class TrajectoryStatus(enum.StrEnum):
     COMPLETED = "completed"
     TRUNCATED_TOKENS = "truncated_tokens"
@@ -124,6 +162,7 @@ class Group:
     """The G trajectories of one task, released together once every member is terminal."""
 
     group_id: str
+    number: int  # the group's position in the run's task stream (NumberedTask.number)
     task_id: str
     trajectories: tuple[Trajectory, ...] = field(default_factory=tuple)
 

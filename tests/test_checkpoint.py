@@ -13,11 +13,15 @@ import numpy as np
 import pytest
 
 from asyncrl.checkpoint.manager import Checkpointer, CheckpointError, digest, flatten
-from asyncrl.checkpoint.pipeline_state import PipelineState, incompatibilities
+from asyncrl.checkpoint.train_record import TrainRecord, incompatibilities
+from asyncrl.envs.tasks import calculator_task
 from asyncrl.learner.learner import Learner
+from asyncrl.learner.state import LoopState
 from asyncrl.model import build_model
 from asyncrl.rollout.cursor import DataCursor
+from asyncrl.run_layout import RunLayout
 from asyncrl.testing.configs import micro_config
+from asyncrl.types import GroupOutcome
 
 
 def _learner(cfg=None):
@@ -127,12 +131,12 @@ def test_an_empty_location_is_a_clear_error(tmp_path):
 
 
 def test_incompatible_config_names_what_differs(tmp_path):
-    from asyncrl.stages.train import resume
+    from asyncrl.wiring.training import resume
 
     cfg = micro_config()
     learner = _learner(cfg)
     ckpt = Checkpointer(str(tmp_path / "ck"), async_save=False)
-    ckpt.save(learner.state, PipelineState().to_json(cfg))
+    ckpt.save(learner.state, TrainRecord.of(LoopState(), (), cfg).to_json())
     other = micro_config("rollout.group_size=2", "learner.steps=50")
     diffs = incompatibilities(cfg.to_dict(), other.to_dict())
     assert diffs == ["rollout.group_size: checkpoint 4, config 2"]  # steps may change
@@ -145,22 +149,91 @@ def test_incompatible_config_names_what_differs(tmp_path):
 
 
 def test_cursor_reissues_unfinished_groups_first_and_skips_none():
-    stream = [f"task{i}" for i in range(100)]
+    stream = [calculator_task("train", i) for i in range(100)]
     cursor = DataCursor()
-    numbered = cursor.numbered(lambda n: stream[n])
+    numbered = cursor.numbered(stream.__getitem__)
     for _ in range(6):
-        n, _, replay = next(numbered)
-        assert not replay
-        cursor.issue(n)
+        item = next(numbered)
+        assert not item.replay
+        cursor = cursor.issue(item.number)
     for n in (0, 2, 3):
-        cursor.finish(n, trained=True)
-    cursor.finish(1, trained=False)  # stale
+        cursor = cursor.finish(n, GroupOutcome.TRAINED)
+    cursor = cursor.finish(1, GroupOutcome.STALE)
     saved = json.loads(json.dumps(cursor.to_json()))
     restored = DataCursor.from_json(saved)
-    again = restored.numbered(lambda n: stream[n])
+    again = restored.numbered(stream.__getitem__)
     first = [next(again) for _ in range(4)]
-    assert [(n, r) for n, _, r in first] == [(4, True), (5, True), (6, False), (7, False)]
-    assert restored.trained == [0, 2, 3] and restored.dropped == [1]
+    assert [(i.number, i.replay) for i in first] == [(4, True), (5, True), (6, False), (7, False)]
+    assert first[0].task == stream[4] and first[0].group_id == f"{stream[4].id}@4"
+    assert restored.trained == (0, 2, 3) and restored.dropped == (1,)
+    # The replays, once issued and trained, are saved once: the record restores again.
+    for item in first:
+        restored = restored.issue(item.number).finish(item.number, GroupOutcome.TRAINED)
+    again = DataCursor.from_json(json.loads(json.dumps(restored.to_json())))
+    assert again.trained == (0, 2, 3, 4, 5, 6, 7) and again.replays == ()
+
+
+def test_loop_state_survives_the_checkpoint_record_unchanged():
+    cfg = micro_config()
+    state = LoopState().issued(0).issued(1).issued(2)
+    state = state.finish(0, GroupOutcome.TRAINED).finish(1, GroupOutcome.FAILED)
+    state = state.stepped([0, 1, 1], 0.5).published(1).waited(0.25)
+    record = TrainRecord.of(state, ({"step": 0.0, "solve_rate": 0.5},), cfg)
+    back = TrainRecord.from_json(json.loads(json.dumps(record.to_json())))
+    assert back.state == state.restored() and back.state.cursor.replays == (2,)
+    assert back.evals == record.evals and back.config_hash == cfg.hash()
+
+
+def _record_json(**changes):
+    data = TrainRecord.of(LoopState().issued(0), (), micro_config()).to_json()
+    for dotted, value in changes.items():
+        *path, last = dotted.split("__")
+        node = data
+        for key in path:
+            node = node[key]
+        node[last] = value
+    return data
+
+
+@pytest.mark.parametrize(
+    ("changes", "named"),
+    [
+        ({"format": 1}, "format 1"),
+        ({"format": "2"}, "format '2'"),
+        ({"state": None}, "loop state: expected an object"),
+        ({"state__version": -1}, "loop state.version"),
+        ({"state__version": True}, "loop state.version"),
+        ({"state__cursor": "x"}, "cursor: expected an object"),
+        ({"state__cursor__next_index": "3"}, "cursor.next_index"),
+        ({"state__cursor__trained": [5]}, "not below next_index"),
+        ({"state__cursor__trained": [0], "state__cursor__dropped": [0]}, "appears twice"),
+        ({"state__counters__steps": 1.5}, "counters.steps"),
+        ({"state__counters__train_seconds": float("nan")}, "counters.train_seconds"),
+        ({"state__lags": [[1]]}, "loop state.lags"),
+        ({"evals": [{"solve_rate": "high"}]}, "evals"),
+        ({"evals": {}}, "evals"),
+        ({"config": []}, "config: expected an object"),
+        ({"config_hash": 7}, "config_hash"),
+    ],
+)
+def test_a_malformed_checkpoint_record_is_refused_naming_the_field(changes, named):
+    with pytest.raises(CheckpointError) as e:
+        TrainRecord.from_json(_record_json(**changes), "checkpoint step 3")
+    assert named in str(e.value) and str(e.value).startswith("checkpoint step 3: ")
+
+
+def test_resume_refuses_a_malformed_record_and_leaves_the_learner_untouched(tmp_path):
+    from asyncrl.wiring.training import resume
+
+    cfg = micro_config()
+    ckpt = Checkpointer(str(tmp_path / "ck"), async_save=False)
+    ckpt.save(_stepped_state(_learner(cfg)), _record_json(state__cursor={"next_index": "x"}))
+    learner = _learner(cfg)
+    before = learner.state
+    with pytest.raises(CheckpointError, match=r"cursor\.next_index"):
+        resume(ckpt, learner, cfg)
+    assert learner.state is before and learner.step == 0
+    ckpt.close()
 
 
 def _resume_cfg(tmp_path, steps):
@@ -192,9 +265,9 @@ def test_restore_then_step_equals_no_restart(tmp_path):
     from asyncrl.stages.train import train
 
     straight, split = tmp_path / "straight", tmp_path / "split"
-    train(_resume_cfg(tmp_path, 2), straight)
-    train(_resume_cfg(tmp_path, 1), split)
-    result = train(_resume_cfg(tmp_path, 2), split)  # resumes at step 1
+    train(_resume_cfg(tmp_path, 2), RunLayout.of(straight))
+    train(_resume_cfg(tmp_path, 1), RunLayout.of(split))
+    result = train(_resume_cfg(tmp_path, 2), RunLayout.of(split))  # resumes at step 1
     assert json.loads((split / "train" / "resume.json").read_text())["step"] == 1
     # The first attempt's trace is kept beside the resumed run's.
     assert (split / "train" / "trace.1.perfetto-trace").exists()
@@ -203,7 +276,7 @@ def test_restore_then_step_equals_no_restart(tmp_path):
     ckpt = Checkpointer(str(split / "checkpoints"))
     pipeline = ckpt.read_pipeline(2)
     ckpt.close()
-    trained = pipeline["cursor"]["trained"]
+    trained = TrainRecord.from_json(pipeline).state.cursor.trained
     assert sorted(trained) == list(range(4)) and len(set(trained)) == len(trained)
 
 
@@ -230,7 +303,7 @@ def test_recovery_test_passes_all_four_phases(tmp_path):
     from asyncrl.stages.recovery_test import PLAN, recovery_test, table
 
     cfg = micro_config("env.train_size=16", "learner.max_staleness=1")
-    verdict = recovery_test(cfg, tmp_path, progress=lambda _: None)
+    verdict = recovery_test(cfg, RunLayout.of(tmp_path), progress=lambda _: None)
     assert [p.phase for p in verdict.phases] == [phase.value for phase, _ in PLAN]
     assert verdict.passed, table(verdict)
     assert all(p.killed and p.bit_identical and p.cursor_ok for p in verdict.phases)

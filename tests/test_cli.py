@@ -55,6 +55,7 @@ def test_run_executes_the_pipeline_and_exits_by_its_outcome(tmp_path):
         "pipeline.run_id=t1",
         "pipeline.stages=[provision,warm_start,train,report]",
         "warm_start.steps=3",
+        "warm_start.warmup_steps=1",
         "warm_start.content_steps=1",
         "warm_start.batch_size=4",
         "learner.steps=2",

@@ -2,7 +2,6 @@
 the stage failing a damaged checkpoint."""
 
 import hashlib
-import json
 from pathlib import Path
 
 import numpy as np
@@ -132,7 +131,10 @@ def test_the_gate_stage_fails_a_damaged_checkpoint_and_names_the_metrics(tmp_pat
 
     from asyncrl.model import build_model
     from asyncrl.model import hf_checkpoint as hf
-    from asyncrl.stages.quality_gate import format_report, quality_gate
+    from asyncrl.run_layout import RunLayout
+    from asyncrl.stages.promote import Decision, PromotionResult, promote
+    from asyncrl.stages.quality_gate import GateResult, format_report, quality_gate
+    from asyncrl.stages.train import TrainResult
     from asyncrl.stages.warm_start import warm_start
     from asyncrl.testing.configs import micro_config
 
@@ -148,32 +150,51 @@ def test_the_gate_stage_fails_a_damaged_checkpoint_and_names_the_metrics(tmp_pat
         f"gate.champion={tmp_path / 'champion'}",
     )
     cfg = micro_config(*overrides)
-    good = tmp_path / "good"
+    good = RunLayout.of(tmp_path / "good")
     warm_start(cfg, good)
     first = quality_gate(cfg, good)
-    assert first.report.passed and first.promoted  # first run: becomes the champion
+    assert first.passed and first.champion is None  # the first run has no champion to beat
+    assert promote(cfg, good).decision == Decision.PROMOTED  # and becomes the champion
+    assert promote(cfg, good).decision == Decision.ALREADY_CHAMPION  # a retried stage
     model = build_model(cfg.model, seed=0)
-    hf.load_into(model, str(good / "warm_start" / "model"))
+    hf.load_into(model, str(good.warm_start_model))
     rng = np.random.default_rng(0)
     params = nnx.state(model, nnx.Param)
     damaged = jax_tree_perturb(params, rng, scale=3.0)
     nnx.update(model, damaged)
-    bad = tmp_path / "bad"
-    hf.save(model, str(bad / "warm_start" / "model"))
+    bad = RunLayout.of(tmp_path / "bad")
+    hf.save(model, str(bad.warm_start_model))
     outcome = quality_gate(cfg, bad)
-    assert not outcome.report.passed and not outcome.promoted
-    failed = {c.name for c in outcome.report.failed}
+    assert not outcome.passed
+    assert promote(cfg, bad).decision == Decision.GATE_FAILED
+    assert bad.read(PromotionResult).promoted is False
+    failed = {c.name for c in outcome.failed}
     assert failed and all(name.endswith("regression") for name in failed), format_report(outcome)
-    saved = json.loads((bad / "quality_gate" / "report.json").read_text())
-    assert saved["passed"] is False and saved["champion"] == "good"
-    assert {c["name"] for c in saved["checks"] if not c["passed"]} == failed
-    # The gain check reads the start the train stage recorded (train/train.json): a model whose
+    saved = bad.read(GateResult)
+    assert saved == outcome and saved.champion == "good"
+    # The gain check reads the start the train stage recorded (its TrainResult): a model whose
     # recorded start is its own solve rate gained nothing, and only that check fails.
     start = first.candidate["solve_rate"].value
-    (good / "train").mkdir()
-    (good / "train" / "train.json").write_text(json.dumps({"initial_solve_rate": start}))
-    again = quality_gate(micro_config(*overrides, "gate.min_gain=0.05"), good, promote=False)
-    assert [c.name for c in again.report.failed] == ["solve_rate gain over start >= min_gain"]
+    good.write(
+        TrainResult(
+            model_dir=str(good.warm_start_model),
+            steps=0,
+            seconds=0.0,
+            initial_solve_rate=start,
+            final_solve_rate=start,
+            groups_trained=0,
+            groups_dropped_stale=0,
+            groups_failed=0,
+            groups_withdrawn=0,
+            groups_no_signal=0,
+            policy_lag_mean=0.0,
+            policy_lag_max=0,
+            learner_idle_fraction=0.0,
+            curve="",
+        )
+    )
+    again = quality_gate(micro_config(*overrides, "gate.min_gain=0.05"), good)
+    assert [c.name for c in again.failed] == ["solve_rate gain over start >= min_gain"]
 
 
 def jax_tree_perturb(params, rng, scale):

@@ -11,6 +11,10 @@ import yaml
 from asyncrl.config import load_config, to_yaml
 from asyncrl.config.ops import ALL_STAGES
 from asyncrl.pipeline import remote
+from asyncrl.run_layout import RunLayout
+from asyncrl.stages.model_check import ModelCheckResult
+from asyncrl.stages.provision import TeardownResult
+from asyncrl.stages.quality_gate import GateResult
 from asyncrl.testing.configs import MICRO_OVERRIDES
 from asyncrl.testing.kfp_stub import kfp_stub
 
@@ -22,6 +26,7 @@ TINY = (
     "learner.time_budget_s=0",
     "learner.eval_every=0",
     "warm_start.steps=10",
+    "warm_start.warmup_steps=2",
     "warm_start.content_steps=0",
     "warm_start.batch_size=4",
     "env.heldout_size=1",
@@ -78,7 +83,8 @@ def _local_run(tmp_path, *overrides):
 def test_the_local_pipeline_runs_every_stage_and_passes(tmp_path):
     result = _local_run(tmp_path)
     assert result.succeeded and result.final_state == "SUCCEEDED"
-    assert result.stages_done == ALL_STAGES  # every stage, in order
+    # Every stage, in order; promotion follows the gate.
+    assert result.stages_done == (*ALL_STAGES[:-1], "promote", ALL_STAGES[-1])
     assert result.gate_passed is True and result.teardown_ran
     champion = json.loads((tmp_path / "ch" / "CURRENT.json").read_text())
     assert champion["run_id"] == result.run_dir.name  # first run: promoted by the last stage
@@ -95,10 +101,8 @@ def test_an_impossible_gate_fails_the_run_at_the_gate_and_teardown_still_runs(tm
     assert not result.succeeded and result.final_state == "FAILED"
     assert result.gate_passed is False
     assert "report" not in result.stages_done and result.teardown_ran
-    report = json.loads((result.run_dir / "quality_gate" / "report.json").read_text())
-    assert [c["name"] for c in report["checks"] if not c["passed"]] == [
-        "solve_rate >= min_solve_rate"
-    ]
+    gate = RunLayout.of(result.run_dir).read(GateResult)
+    assert [c.name for c in gate.failed] == ["solve_rate >= min_solve_rate"]
     assert not (tmp_path / "ch" / "CURRENT.json").exists()  # nothing promoted
 
 
@@ -169,7 +173,8 @@ def test_each_component_function_runs_on_its_own(tmp_path):
         return cls(uri=str(tmp_path / "out" / name))
 
     (run_dir,) = c.provision.python_func(config_yaml=text, job_id="job-1")
-    assert Path(run_dir).name == "alone" and (Path(run_dir) / "model_check.json").exists()
+    layout = RunLayout.of(run_dir)
+    assert layout.run_id == "alone" and layout.done(ModelCheckResult)
     m = art(dsl.Metrics, "ws-metrics")
     model_dir = c.warm_start.python_func(text, run_dir, art(dsl.Model, "ws"), m)
     assert "heldout_solve_rate" in m.metadata and (tmp_path / "out/ws/model.safetensors").exists()
@@ -181,6 +186,7 @@ def test_each_component_function_runs_on_its_own(tmp_path):
     m = art(dsl.Metrics, "gate-metrics")
     c.quality_gate.python_func(text, run_dir, art(dsl.Artifact, "gate"), m)
     assert m.metadata["gate_passed"] == 1.0
+    assert c.promote.python_func(text, run_dir) == "promoted"
     c.report.python_func(text, run_dir, art(dsl.HTML, "html"), art(dsl.Markdown, "md"))
     assert "asyncrl run report" in (tmp_path / "out/md").read_text()
 
@@ -188,6 +194,4 @@ def test_each_component_function_runs_on_its_own(tmp_path):
         state = "SUCCEEDED"
 
     c.teardown.python_func(config_yaml=text, job_id="job-1", status=Status())
-    assert (
-        json.loads((Path(run_dir) / "teardown.json").read_text())["pipeline_state"] == "SUCCEEDED"
-    )
+    assert layout.read(TeardownResult).pipeline_state == "SUCCEEDED"

@@ -10,20 +10,19 @@ import pytest
 
 from asyncrl.agents import ModelAgent, ToolAgent
 from asyncrl.config import EnvConfig
-from asyncrl.envs.base import Task
 from asyncrl.envs.latency import DelayedEnvironment, DelayedTool, LatencySpec
 from asyncrl.envs.registry import build_environment
 from asyncrl.envs.tasks import calculator_task, heldout, lookup_task, task_stream
 from asyncrl.envs.tool_env import ToolEnvironment
 from asyncrl.rollout.episode import Episode, EpisodeLimits, EpisodeSpec
 from asyncrl.rollout.groups import GroupQueue
-from asyncrl.rollout.orchestrator import Orchestrator, OrchestratorSettings
+from asyncrl.rollout.orchestrator import Orchestrator, OrchestratorSettings, numbered
 from asyncrl.testing.scripted_engine import ScriptedEngine
 from asyncrl.tokenize import ByteTokenizer, ChatFormat
 from asyncrl.tools.calculator import calculator
 from asyncrl.tools.executor import ToolExecutor
 from asyncrl.tools.function import FunctionTool
-from asyncrl.types import FinishReason, SamplingParams, ToolCall, TrajectoryStatus
+from asyncrl.types import FinishReason, SamplingParams, Task, ToolCall, TrajectoryStatus
 
 TOK = ByteTokenizer()
 FMT = ChatFormat("chatml", TOK)
@@ -240,7 +239,7 @@ def test_a_straggler_holds_back_only_its_own_group():
             queue,
             make_env=lambda t: GatedEnv(t, gate, {"slow"}),
         )
-        runner = asyncio.create_task(orch.run(tasks))
+        runner = asyncio.create_task(orch.run(numbered(tasks)))
         first = await asyncio.wait_for(queue.get(), 10)
         stats = queue.stats()
         gate.set()
@@ -280,7 +279,7 @@ def test_failure_policies(policy):
     async def go():
         queue = GroupQueue(group_size=4, policy=policy, max_retries=2)
         orch = _orchestrator(_flaky_engine({"1"}), queue, timeout_s=0.2)
-        await orch.run([TASK])
+        await orch.run(numbered([TASK]))
         return queue, orch
 
     queue, orch = run(go())
@@ -304,7 +303,7 @@ def test_retries_are_bounded_then_the_group_is_dropped():
         orch = _orchestrator(
             _flaky_engine({"0"}, fail_times=99), queue, group_size=2, timeout_s=0.1
         )
-        await orch.run([TASK])
+        await orch.run(numbered([TASK]))
         return queue, orch
 
     queue, orch = run(go())
@@ -329,7 +328,7 @@ def test_group_members_get_distinct_seeds_and_concurrency_is_bounded():
         engine.generate = generate
         queue = GroupQueue(group_size=4, max_ready=64)
         orch = _orchestrator(engine, queue, concurrency=8)
-        await orch.run(list(task_stream(("calculator",), "train", 6)))
+        await orch.run(numbered(task_stream(("calculator",), "train", 6)))
         return engine, queue
 
     engine, queue = run(go())
@@ -350,7 +349,7 @@ def test_orchestrator_cancel_records_cancelled_members_and_closes_envs():
     async def go():
         queue = GroupQueue(group_size=4)
         orch = _orchestrator(ScriptedEngine(by_turn(answer("1"))), queue, make_env=make_env)
-        runner = asyncio.create_task(orch.run([TASK]))
+        runner = asyncio.create_task(orch.run(numbered([TASK])))
         while orch.active < 4:
             await asyncio.sleep(0.01)
         await orch.cancel()
@@ -403,7 +402,7 @@ def test_real_engine_episodes_record_the_engines_logprobs():
             make_env=lambda t: build_environment(t, ENV),
             make_agent=lambda: ToolAgent(FMT),
         )
-        await orch.run(list(task_stream(("calculator", "lookup"), "train", 1)))
+        await orch.run(numbered(task_stream(("calculator", "lookup"), "train", 1)))
         return [queue.get_nowait() for _ in range(2)]
 
     try:

@@ -3,12 +3,12 @@
 import asyncio
 import json
 import threading
+from pathlib import Path
 
 import pytest
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
 from asyncrl import tracing
-from asyncrl.envs.base import Task
 from asyncrl.envs.registry import build_environment
 from asyncrl.rollout.episode import Episode, EpisodeLimits, EpisodeSpec
 from asyncrl.testing.configs import micro_config
@@ -16,7 +16,7 @@ from asyncrl.testing.scripted_engine import ScriptedEngine
 from asyncrl.tokenize import ByteTokenizer, ChatFormat
 from asyncrl.tracing.reader import index, read_packets, summarize, validate
 from asyncrl.tracing.writer import COUNTERS
-from asyncrl.types import FinishReason, SamplingParams, ToolCall
+from asyncrl.types import FinishReason, SamplingParams, Task, ToolCall
 
 # (A random micro model never ends a turn, so tool calls and environment steps are checked on
 # a scripted episode below.)
@@ -48,7 +48,10 @@ def _train(tmp_path, *extra):
         "tracing.chunk_events=64",
         *extra,
     )
-    return train(cfg, tmp_path)
+    from asyncrl.run_layout import RunLayout
+    from asyncrl.stages.provision import claim
+
+    return train(cfg, claim(RunLayout.of(tmp_path), cfg))
 
 
 def test_a_real_training_run_writes_a_valid_complete_trace(tmp_path):
@@ -90,13 +93,14 @@ def test_a_real_training_run_writes_a_valid_complete_trace(tmp_path):
     # Plots and the report that links them with the trace.
     for png in ("learning_curve", "reward_curve", "policy_lag", "queue_occupancy"):
         assert (tmp_path / "train" / f"{png}.png").stat().st_size > 1000
+    from asyncrl.run_layout import RunLayout
     from asyncrl.stages.report import write_report
 
-    paths = write_report(tmp_path)
-    text = paths.markdown.read_text()
+    paths = write_report(RunLayout.of(tmp_path))
+    text = Path(paths.markdown).read_text()
     assert "train/trace.perfetto-trace" in text and "train/learning_curve.png" in text
     assert "Recovery test" in text and "did not run" in text
-    assert "<img src='train/reward_curve.png'" in paths.html.read_text()
+    assert "<img src='train/reward_curve.png'" in Path(paths.html).read_text()
 
 
 def _tensorboard_scalars(logdir):

@@ -11,10 +11,12 @@ request without sending it.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from asyncrl.cloud.jobset import slice_shape
 from asyncrl.config import RunConfig
+from asyncrl.stages.provision import Resource
 
 MACHINE = {"v5e": "ct5lp-hightpu-4t", "v5p": "ct5p-hightpu-4t", "v6e": "ct6e-standard-4t"}
 # Slice topologies GKE offers per generation (multi-host ones included).
@@ -138,3 +140,26 @@ def delete_node_pool(cfg: RunConfig, resource: dict[str, Any], endpoint: str | N
         pass  # already gone: teardown is idempotent
     except Exception as e:
         raise _explain(e, f"deleting node pool {resource['name']}") from None
+
+
+@dataclass(frozen=True, slots=True)
+class NodePoolProvisioner:
+    """The provision stage's `Provisioner` on GKE: the run's TPU node pool."""
+
+    endpoint: str | None = None
+    timeout_s: float = 1800
+    poll_s: float = 10
+
+    def acquire(self, cfg: RunConfig) -> Resource:
+        record = provision_node_pool(cfg, self.endpoint, self.timeout_s, self.poll_s)
+        return Resource(
+            kind=record["kind"],
+            name=record["name"],
+            created=bool(record["created"]),
+            status=str(record.get("status", "")),
+        )
+
+    def release(self, cfg: RunConfig, resource: Resource) -> None:
+        if resource.kind != "node_pool":
+            raise ProvisionError(f"cannot release a {resource.kind!r}: not a node pool")
+        delete_node_pool(cfg, {"kind": resource.kind, "name": resource.name}, self.endpoint)

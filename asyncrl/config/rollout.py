@@ -54,6 +54,9 @@ class RolloutConfig:
     # it scored 0, or re-run it up to `max_retries` times (then drop the group).
     failure_policy: FailurePolicy = "zero"
     max_retries: int = 2
+    # When a member's failure dooms its group (drop, or retry with retries spent), cancel the
+    # group's other running members at once instead of generating for a group that is discarded.
+    cancel_doomed_groups: bool = True
     # Complete groups waiting for the learner before the orchestrator stops starting new ones.
     max_ready_groups: int = 16
 

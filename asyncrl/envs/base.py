@@ -11,19 +11,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from asyncrl.tools.base import ToolResult
-from asyncrl.types import Message, ToolCall, TrajectoryStatus
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Task:
-    """One problem. `environment` names the registered environment that runs it."""
-
-    id: str
-    family: str
-    prompt: str
-    answer: str
-    environment: str = "tool"
-    table: tuple[tuple[str, str], ...] = ()  # the lookup family's key-value store
+from asyncrl.types import Message, Task, ToolCall, TrajectoryStatus
 
 
 class ActionKind(enum.StrEnum):

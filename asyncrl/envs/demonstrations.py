@@ -28,11 +28,10 @@ import json
 import re
 from collections.abc import Iterable
 
-from asyncrl.envs.base import Task
 from asyncrl.rewards import exact_match
 from asyncrl.tokenize.chat import ChatFormat, Conversation
 from asyncrl.tools.calculator import evaluate
-from asyncrl.types import Message, Role, ToolCall, Trajectory
+from asyncrl.types import Message, Role, Task, ToolCall, Trajectory
 
 
 def _call(name: str, **arguments: str) -> ToolCall:

@@ -14,9 +14,9 @@ import random
 from dataclasses import dataclass
 from typing import Literal
 
-from asyncrl.envs.base import Action, Environment, StepResult, Task
+from asyncrl.envs.base import Action, Environment, StepResult
 from asyncrl.tools.base import Tool
-from asyncrl.types import Message
+from asyncrl.types import Message, Task
 
 Z99 = 2.3263478740408408  # standard normal 99th percentile
 

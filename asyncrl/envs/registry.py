@@ -11,13 +11,14 @@ import asyncio
 from collections.abc import Callable, Mapping
 
 from asyncrl.config.rollout import EnvConfig
-from asyncrl.envs.base import Environment, Task
+from asyncrl.envs.base import Environment
 from asyncrl.envs.tool_env import TaskEnvironment, ToolEnvironment
 from asyncrl.tools.calculator import calculator
 from asyncrl.tools.executor import ToolExecutor
 from asyncrl.tools.function import FunctionTool
 from asyncrl.tools.lookup import LookupTool
 from asyncrl.tools.python_sandbox import PythonSandbox
+from asyncrl.types import Task
 
 # (task, env config, shared per-tool semaphores) -> a fresh environment for one episode
 EnvFactory = Callable[[Task, EnvConfig, Mapping[str, asyncio.Semaphore]], Environment]

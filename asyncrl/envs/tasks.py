@@ -13,7 +13,7 @@ import hashlib
 import random
 from collections.abc import Iterator
 
-from asyncrl.envs.base import Task
+from asyncrl.types import Task
 
 FAMILIES = ("calculator", "lookup")
 ITEMS = (
@@ -75,3 +75,25 @@ def task_stream(families: tuple[str, ...], split: str, size: int, seed: int = 0)
 
 def heldout(families: tuple[str, ...], size: int, seed: int = 0) -> list[Task]:
     return list(task_stream(families, "heldout", size, seed))
+
+
+class EpochOrder:
+    """The training stream: epoch after epoch over a task list, each epoch in its own seeded order.
+
+    Task n is a pure function of (tasks, seed, n) (`at(n)`), so a restored data cursor can re-issue
+    group n and continue from any position.
+    """
+
+    def __init__(self, tasks: list[Task], seed: int) -> None:
+        if not tasks:
+            raise ValueError("the training split is empty")
+        self.tasks, self.seed = tasks, seed
+        self._epoch, self._order = -1, tasks
+
+    def at(self, n: int) -> Task:
+        epoch, i = divmod(n, len(self.tasks))
+        if epoch != self._epoch:
+            self._order = list(self.tasks)
+            random.Random(f"{self.seed}/{epoch}").shuffle(self._order)
+            self._epoch = epoch
+        return self._order[i]

@@ -12,10 +12,10 @@ import json
 from collections.abc import Callable
 
 from asyncrl.config.rollout import MalformedToolCall
-from asyncrl.envs.base import Action, ActionKind, StepResult, Task
+from asyncrl.envs.base import Action, ActionKind, StepResult
 from asyncrl.rewards import exact_match, reward_parts
 from asyncrl.tools.executor import ToolExecutor
-from asyncrl.types import Message, Role, TrajectoryStatus
+from asyncrl.types import Message, Role, Task, TrajectoryStatus
 
 
 def _answer(task: Task, action: Action) -> StepResult:

@@ -13,11 +13,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from asyncrl.agents import Agent
-from asyncrl.envs.base import Environment, Task
+from asyncrl.envs.base import Environment
 from asyncrl.rollout.episode import Episode, EpisodeLimits, EpisodeSpec
 from asyncrl.rollout.orchestrator import member_seed
 from asyncrl.sampling.protocol import RolloutEngine
-from asyncrl.types import SamplingParams, Trajectory
+from asyncrl.types import SamplingParams, Task, Trajectory
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

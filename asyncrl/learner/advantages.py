@@ -31,3 +31,8 @@ def group_advantages(
         spread = np.concatenate(centred).std() if centred else 0.0
         return [(c / (spread + EPS)).astype(np.float32) for c in centred]
     return [c.astype(np.float32) for c in centred]
+
+
+def has_signal(rewards: Sequence[float]) -> bool:
+    """Whether a group's rewards differ at all: equal rewards give every member advantage 0."""
+    return len(rewards) > 1 and max(rewards) != min(rewards)

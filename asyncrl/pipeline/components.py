@@ -20,13 +20,20 @@ def provision(config_yaml: str, job_id: str) -> NamedTuple("Outputs", [("run_dir
     from collections import namedtuple
 
     from asyncrl.config import load_config_text
-    from asyncrl.stages.runtime import ensure_host_devices
+    from asyncrl.run_layout import RunLayout
+    from asyncrl.wiring.devices import ensure_host_devices
 
     cfg = load_config_text(config_yaml)
     ensure_host_devices(cfg)
     from asyncrl.stages.provision import provision as run
 
-    result = run(cfg, job_id)
+    provisioner = None
+    if cfg.cluster.backend == "gke":
+        from asyncrl.cloud.provision import NodePoolProvisioner
+
+        provisioner = NodePoolProvisioner()
+    layout = RunLayout.at(cfg.pipeline.runs_dir, cfg.pipeline.run_id or job_id)
+    result = run(cfg, layout, provisioner)
     print(f"provisioned {result.devices}; run folder {result.run_dir}")
     return namedtuple("Outputs", ["run_dir"])(result.run_dir)
 
@@ -35,10 +42,10 @@ def warm_start(
     config_yaml: str, run_dir: str, model: Output[Model], metrics: Output[Metrics]
 ) -> str:
     import shutil
-    from pathlib import Path
 
     from asyncrl.config import load_config_text
-    from asyncrl.stages.runtime import ensure_host_devices
+    from asyncrl.run_layout import RunLayout
+    from asyncrl.wiring.devices import ensure_host_devices
 
     cfg = load_config_text(config_yaml)
     if "warm_start" not in cfg.pipeline.stages or cfg.warm_start.steps == 0:
@@ -47,7 +54,7 @@ def warm_start(
     ensure_host_devices(cfg)
     from asyncrl.stages.warm_start import warm_start as run
 
-    result = run(cfg, Path(run_dir))
+    result = run(cfg, RunLayout.of(run_dir))
     shutil.copytree(result.model_dir, model.path, dirs_exist_ok=True)
     metrics.log_metric("heldout_solve_rate", result.heldout_solve_rate)
     metrics.log_metric("final_loss", result.final_loss)
@@ -64,30 +71,30 @@ def train(
     trace: Output[Artifact],
 ) -> str:
     import shutil
-    from pathlib import Path
 
     from asyncrl.config import load_config_text
-    from asyncrl.stages.runtime import ensure_host_devices
+    from asyncrl.run_layout import RunLayout
+    from asyncrl.wiring.devices import ensure_host_devices
 
     cfg = load_config_text(config_yaml)
     if "train" not in cfg.pipeline.stages:
         model.metadata["skipped"] = True
         return init_model
     ensure_host_devices(cfg)
+    layout = RunLayout.of(run_dir)
     if cfg.cluster.backend == "gke" and cfg.cluster.placement == "remote":
         from asyncrl.cloud.jobset import run_training_jobset
 
-        result = run_training_jobset(cfg, Path(run_dir), init_model or None)
+        result = run_training_jobset(cfg, layout, init_model or None)
     else:
         from asyncrl.stages.train import train as run
 
-        result = run(cfg, Path(run_dir), init_model=init_model or None)
+        result = run(cfg, layout, init_model=init_model or None)
     shutil.copytree(result.model_dir, model.path, dirs_exist_ok=True)
     for name in ("initial_solve_rate", "final_solve_rate", "steps", "policy_lag_mean", "seconds"):
         metrics.log_metric(name, float(getattr(result, name)))
-    traced = Path(run_dir) / "train" / "trace.perfetto-trace"
-    if traced.exists():
-        shutil.copyfile(traced, trace.path)
+    if layout.trace.exists():
+        shutil.copyfile(layout.trace, trace.path)
     return result.model_dir
 
 
@@ -99,20 +106,21 @@ def recovery_test(
     metrics: Output[Metrics],
 ):
     import shutil
-    from pathlib import Path
 
     from asyncrl.config import load_config_text
+    from asyncrl.run_layout import RunLayout, Stage
 
     cfg = load_config_text(config_yaml)
     if "recovery_test" not in cfg.pipeline.stages:
         verdict.metadata["skipped"] = True
         return
-    from asyncrl.stages.recovery_test import VERDICT_FILE, table
     from asyncrl.stages.recovery_test import recovery_test as run
+    from asyncrl.stages.recovery_test import table
 
-    result = run(cfg, Path(run_dir), init_model=init_model or None)
+    layout = RunLayout.of(run_dir)
+    result = run(cfg, layout, init_model=init_model or None)
     print(table(result))
-    shutil.copyfile(Path(run_dir) / "recovery_test" / VERDICT_FILE, verdict.path)
+    shutil.copyfile(layout.result_path(Stage.RECOVERY_TEST), verdict.path)
     metrics.log_metric("passed", float(result.passed))
     for phase in result.phases:
         metrics.log_metric(f"{phase.phase}_lost_steps", float(phase.lost_steps))
@@ -124,10 +132,10 @@ def quality_gate(
     config_yaml: str, run_dir: str, report: Output[Artifact], metrics: Output[Metrics]
 ):
     import shutil
-    from pathlib import Path
 
     from asyncrl.config import load_config_text
-    from asyncrl.stages.runtime import ensure_host_devices
+    from asyncrl.run_layout import RunLayout, Stage
+    from asyncrl.wiring.devices import ensure_host_devices
 
     cfg = load_config_text(config_yaml)
     if "quality_gate" not in cfg.pipeline.stages:
@@ -137,49 +145,70 @@ def quality_gate(
     from asyncrl.stages.quality_gate import format_report
     from asyncrl.stages.quality_gate import quality_gate as run
 
-    outcome = run(cfg, Path(run_dir), promote=False)  # promotion is the last stage's job
-    print(format_report(outcome))
-    shutil.copyfile(outcome.report_path, report.path)
-    for name, estimate in outcome.candidate.items():
+    layout = RunLayout.of(run_dir)
+    result = run(cfg, layout)
+    print(format_report(result))
+    shutil.copyfile(layout.result_path(Stage.QUALITY_GATE), report.path)
+    for name, estimate in result.candidate.items():
         metrics.log_metric(name, estimate.value)
-    metrics.log_metric("gate_passed", float(outcome.report.passed))
-    if not outcome.report.passed:
-        failed = ", ".join(c.name for c in outcome.report.failed)
+    metrics.log_metric("gate_passed", float(result.passed))
+    if not result.passed:
+        failed = ", ".join(c.name for c in result.failed)
         raise RuntimeError(f"quality gate failed: {failed}")
+
+
+def promote(config_yaml: str, run_dir: str) -> str:
+    from asyncrl.config import load_config_text
+    from asyncrl.run_layout import RunLayout
+
+    cfg = load_config_text(config_yaml)
+    if "quality_gate" not in cfg.pipeline.stages:
+        return "skipped"
+    from asyncrl.stages.promote import promote as run
+
+    result = run(cfg, RunLayout.of(run_dir))
+    print(f"promotion: {result.decision.value} ({result.registry})")
+    return result.decision.value
 
 
 def report(config_yaml: str, run_dir: str, html: Output[HTML], markdown: Output[Markdown]):
     import shutil
-    from pathlib import Path
 
-    from asyncrl.config import load_config_text
-
-    cfg = load_config_text(config_yaml)
-    folder = Path(run_dir)
-    promoted = False
-    if (folder / "quality_gate" / "report.json").exists():
-        from asyncrl.stages.quality_gate import promote_passed
-
-        promoted = promote_passed(cfg, folder)
+    from asyncrl.run_layout import RunLayout
     from asyncrl.stages.report import write_report
 
-    paths = write_report(folder)
+    paths = write_report(RunLayout.of(run_dir))
     shutil.copyfile(paths.html, html.path)
     shutil.copyfile(paths.markdown, markdown.path)
-    print(f"report {paths.html}; promoted to champion: {promoted}")
+    print(f"report {paths.html}")
 
 
 def teardown(config_yaml: str, job_id: str, status: dsl.PipelineTaskFinalStatus):
     from asyncrl.config import load_config_text
-    from asyncrl.stages.provision import run_folder
+    from asyncrl.run_layout import RunLayout
     from asyncrl.stages.provision import teardown as run
 
     cfg = load_config_text(config_yaml)
-    result = run(cfg, run_folder(cfg, job_id), pipeline_state=status.state)
-    print(f"teardown after {status.state}: deleted {len(result['deleted'])} resources")
+    provisioner = None
+    if cfg.cluster.backend == "gke":
+        from asyncrl.cloud.provision import NodePoolProvisioner
+
+        provisioner = NodePoolProvisioner()
+    layout = RunLayout.at(cfg.pipeline.runs_dir, cfg.pipeline.run_id or job_id)
+    result = run(cfg, layout, pipeline_state=status.state, provisioner=provisioner)
+    print(f"teardown after {status.state}: released {len(result.released)} resources")
 
 
-FUNCTIONS = (provision, warm_start, train, recovery_test, quality_gate, report, teardown)
+FUNCTIONS = (
+    provision,
+    warm_start,
+    train,
+    recovery_test,
+    quality_gate,
+    promote,
+    report,
+    teardown,
+)
 
 
 @dataclass(frozen=True)
@@ -189,6 +218,7 @@ class Components:
     train: object
     recovery_test: object
     quality_gate: object
+    promote: object
     report: object
     teardown: object
 

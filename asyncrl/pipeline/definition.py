@@ -1,4 +1,5 @@
-"""The Kubeflow pipeline: provision → [warm start → train → recovery → gate → report] → teardown.
+"""The Kubeflow pipeline: provision → [warm start → train → recovery → gate → promote → report]
+→ teardown.
 
 The run config travels as one YAML string parameter (`config_yaml`), so a run in the UI shows
 exactly what it ran with. The stages sit inside a `dsl.ExitHandler` whose exit task tears down what
@@ -63,14 +64,15 @@ def build_pipeline(cfg: RunConfig):
                 config_yaml=config_yaml, run_dir=run_dir, init_model=ws.outputs["Output"]
             ).after(tr)
             gate = comps.quality_gate(config_yaml=config_yaml, run_dir=run_dir).after(rec)
-            rep = comps.report(config_yaml=config_yaml, run_dir=run_dir).after(gate)
-            for task in (ws, tr, rec, gate, rep):
+            prom = comps.promote(config_yaml=config_yaml, run_dir=run_dir).after(gate)
+            rep = comps.report(config_yaml=config_yaml, run_dir=run_dir).after(prom)
+            for task in (ws, tr, rec, gate, prom, rep):
                 task.set_caching_options(False)
             if accelerated:
                 for task in (ws, tr, rec, gate):
                     _on_tpu(task, cfg)
         if cfg.cluster.backend == "gke":
-            for task in (prov, ws, tr, rec, gate, rep, down):
+            for task in (prov, ws, tr, rec, gate, prom, rep, down):
                 kubernetes.set_image_pull_policy(task, "IfNotPresent")
                 # The run folder gs://… is mounted at /gcs/… by the Cloud Storage FUSE driver.
                 kubernetes.add_pod_annotation(task, "gke-gcsfuse/volumes", "true")

@@ -10,21 +10,11 @@ pipeline's final state, and each stage's result file says how far the run got.
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from asyncrl.config import RunConfig, to_yaml
-from asyncrl.stages.provision import TEARDOWN_FILE, run_folder
-
-STAGE_RESULTS = {
-    "provision": "provision.json",
-    "warm_start": "warm_start/warm_start.json",
-    "train": "train/train.json",
-    "recovery_test": "recovery_test/verdict.json",
-    "quality_gate": "quality_gate/report.json",
-    "report": "report.html",
-}
+from asyncrl.run_layout import RunLayout, Stage, new_run_id
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,32 +31,40 @@ def run_local(cfg: RunConfig) -> LocalRun:
     from kfp import local
 
     from asyncrl.pipeline.definition import build_pipeline
-    from asyncrl.stages.run_dir import new_run_id
 
     run_id = cfg.pipeline.run_id or new_run_id()
     cfg = dataclasses.replace(cfg, pipeline=dataclasses.replace(cfg.pipeline, run_id=run_id))
-    run_dir = run_folder(cfg, "")
-    run_dir.mkdir(parents=True, exist_ok=True)
+    layout = RunLayout.at(cfg.pipeline.runs_dir, run_id).create()
     local.init(
         runner=local.SubprocessRunner(use_venv=False),
-        pipeline_root=str(run_dir / "kfp"),
+        pipeline_root=str(layout.kfp_root),
         raise_on_error=False,
     )
     build_pipeline(cfg)(config_yaml=to_yaml(cfg))
-    return outcome(run_dir)
+    return outcome(layout)
 
 
-def outcome(run_dir: Path) -> LocalRun:
-    done = tuple(s for s, rel in STAGE_RESULTS.items() if (run_dir / rel).exists())
-    teardown = run_dir / TEARDOWN_FILE
-    state = json.loads(teardown.read_text())["pipeline_state"] if teardown.exists() else "UNKNOWN"
-    gate_file = run_dir / STAGE_RESULTS["quality_gate"]
-    gate = json.loads(gate_file.read_text())["passed"] if gate_file.exists() else None
+def outcome(layout: RunLayout) -> LocalRun:
+    """How far the run got, from the stages' validated results (a malformed one is not done)."""
+    from asyncrl.stages.promote import PromotionResult
+    from asyncrl.stages.provision import ProvisionResult, TeardownResult
+    from asyncrl.stages.quality_gate import GateResult
+    from asyncrl.stages.recovery_test import RecoveryVerdict
+    from asyncrl.stages.report import ReportPaths
+    from asyncrl.stages.train import TrainResult
+    from asyncrl.stages.warm_start import WarmStartResult
+
+    kinds = (ProvisionResult, WarmStartResult, TrainResult, RecoveryVerdict, GateResult)
+    kinds += (PromotionResult, ReportPaths)
+    done = tuple(k.STAGE.value for k in kinds if layout.done(k))
+    teardown = layout.maybe(TeardownResult)
+    state = teardown.pipeline_state if teardown else "UNKNOWN"
+    gate = layout.maybe(GateResult)
     return LocalRun(
-        run_dir=run_dir,
-        succeeded=state == "SUCCEEDED" and "report" in done,
+        run_dir=layout.root,
+        succeeded=state == "SUCCEEDED" and Stage.REPORT.value in done,
         final_state=state,
         stages_done=done,
-        gate_passed=gate,
-        teardown_ran=teardown.exists(),
+        gate_passed=gate.passed if gate else None,
+        teardown_ran=teardown is not None,
     )

@@ -10,7 +10,7 @@ import re
 from collections.abc import Callable, Mapping
 from fractions import Fraction
 
-from asyncrl.envs.base import Task
+from asyncrl.types import Task
 
 RewardFn = Callable[[Task, str], float]
 

@@ -1,50 +1,78 @@
-"""The data cursor: which numbered groups were issued, trained and dropped, and what comes next.
+"""The data cursor: which numbered groups were issued and how each ended, and what comes next.
 
-Training draws tasks from a deterministic stream (`stages/train.training_tasks`); the n-th task
-drawn becomes group `"<task id>@n"`. The cursor records, per group number, how its story ended,
-so a restored run can continue exactly where the checkpoint stood:
+Training draws tasks from a deterministic stream (`envs.tasks.EpochOrder`); the n-th task drawn
+becomes group n (`NumberedTask`). The cursor records, per group number, how its story ended, so a
+restored run continues exactly where the checkpoint stood:
 
-- groups that were trained or dropped are never issued again;
-- groups that were issued but not finished when the checkpoint was taken (in flight, or complete
-  and waiting in the queue) are issued again first, under the same number and so the same group id,
-  marked as replays (`replays`);
+- groups that were trained or dropped (stale or failed) are never issued again;
+- groups that were issued but had not ended when the checkpoint was taken (in flight, or complete
+  and waiting for the learner), and groups withdrawn when a run stopped, are issued again first,
+  under the same number and so the same group id and seeds, marked as replays;
 - then the stream continues from `next_index`.
 
-So within an epoch no task is trained twice and a restart skips none. Pure bookkeeping: no I/O.
+So within an epoch no task is trained twice and a restart skips none. A frozen value with pure
+transitions: no I/O, no clock.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, replace
 
-from asyncrl.envs.base import Task
+from asyncrl.types import GroupOutcome, NumberedTask, Task
 
 
-@dataclass(slots=True)
+class CursorError(ValueError):
+    """A saved cursor that does not describe a possible history."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class DataCursor:
     next_index: int = 0  # the stream position of the next new group
-    trained: list[int] = field(default_factory=list)  # group numbers, in training order
-    dropped: list[int] = field(default_factory=list)  # stale or failed, never trained
-    pending: set[int] = field(default_factory=set)  # issued, not yet trained or dropped
-    replays: set[int] = field(default_factory=set)  # to re-issue first (after a restore)
+    trained: tuple[int, ...] = ()  # group numbers, in training order
+    dropped: tuple[int, ...] = ()  # stale or failed, never trained, never issued again
+    pending: frozenset[int] = frozenset()  # issued, not yet ended
+    withdrawn: frozenset[int] = frozenset()  # ended unconsumed when a run stopped
+    replays: tuple[int, ...] = ()  # to issue first (after a restore), in order
 
-    def issue(self, n: int) -> None:
-        self.pending.add(n)
-        self.next_index = max(self.next_index, n + 1)
+    def issue(self, n: int) -> DataCursor:
+        return replace(
+            self,
+            pending=self.pending | {n},
+            withdrawn=self.withdrawn - {n},
+            replays=tuple(r for r in self.replays if r != n),
+            next_index=max(self.next_index, n + 1),
+        )
 
-    def finish(self, n: int, *, trained: bool) -> None:
-        self.pending.discard(n)
-        (self.trained if trained else self.dropped).append(n)
+    def finish(self, n: int, outcome: GroupOutcome) -> DataCursor:
+        pending = self.pending - {n}
+        if outcome == GroupOutcome.TRAINED:
+            return replace(self, pending=pending, trained=(*self.trained, n))
+        if outcome == GroupOutcome.WITHDRAWN:
+            return replace(self, pending=pending, withdrawn=self.withdrawn | {n})
+        return replace(self, pending=pending, dropped=(*self.dropped, n))
 
-    def numbered(self, task_at: Callable[[int], Task]) -> Iterator[tuple[int, Task, bool]]:
-        """(group number, task, is_replay): the replays first, then the stream onward."""
-        for n in sorted(self.replays):
-            yield n, task_at(n), True
-        self.replays.clear()
+    @property
+    def occupying(self) -> int:
+        """Groups that hold a place in the staleness budget: trained, or issued and unended."""
+        return len(self.trained) + len(self.pending)
+
+    def restored(self) -> DataCursor:
+        """The cursor a resumed run starts from: everything unended is replayed first."""
+        return replace(
+            self,
+            pending=frozenset(),
+            withdrawn=frozenset(),
+            replays=tuple(sorted(self.pending | self.withdrawn | set(self.replays))),
+        )
+
+    def numbered(self, task_at: Callable[[int], Task]) -> Iterator[NumberedTask]:
+        """The replays first, then the stream onward from `next_index` (as of this value)."""
+        for n in self.replays:
+            yield NumberedTask(number=n, task=task_at(n), replay=True)
         n = self.next_index
         while True:
-            yield n, task_at(n), False
+            yield NumberedTask(number=n, task=task_at(n))
             n += 1
 
     def to_json(self) -> dict[str, object]:
@@ -52,15 +80,41 @@ class DataCursor:
             "next_index": self.next_index,
             "trained": list(self.trained),
             "dropped": list(self.dropped),
-            # Issued but unfinished at save time: re-issued on restore.
-            "pending": sorted(self.pending | self.replays),
+            # Issued but unended at save time: re-issued on restore.
+            "pending": sorted(self.pending | self.withdrawn | set(self.replays)),
         }
 
     @classmethod
-    def from_json(cls, data: dict[str, object]) -> DataCursor:
+    def from_json(cls, data: Mapping[str, object]) -> DataCursor:
+        """The saved cursor, checked; raises CursorError naming what is wrong."""
+        if not isinstance(data, Mapping):
+            raise CursorError(f"cursor: expected an object, got {type(data).__name__}")
+        next_index = _natural(data, "next_index")
+        lists = {k: _numbers(data, k) for k in ("trained", "dropped", "pending")}
+        seen = [n for v in lists.values() for n in v]
+        if len(seen) != len(set(seen)):
+            raise CursorError("cursor: a group number appears twice in trained/dropped/pending")
+        if any(n >= next_index for n in seen):
+            raise CursorError(f"cursor: a group number is not below next_index={next_index}")
         return cls(
-            next_index=int(data["next_index"]),
-            trained=[int(n) for n in data["trained"]],
-            dropped=[int(n) for n in data["dropped"]],
-            replays={int(n) for n in data["pending"]},
+            next_index=next_index,
+            trained=tuple(lists["trained"]),
+            dropped=tuple(lists["dropped"]),
+            replays=tuple(sorted(lists["pending"])),
         )
+
+
+def _natural(data: Mapping[str, object], key: str) -> int:
+    value = data.get(key)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise CursorError(f"cursor.{key}: expected an integer >= 0, got {value!r:.60}")
+    return value
+
+
+def _numbers(data: Mapping[str, object], key: str) -> list[int]:
+    value = data.get(key)
+    if not isinstance(value, list) or not all(
+        isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in value
+    ):
+        raise CursorError(f"cursor.{key}: expected a list of integers >= 0, got {value!r:.60}")
+    return value

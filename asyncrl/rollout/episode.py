@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 
 from asyncrl import tracing
 from asyncrl.agents import Agent
-from asyncrl.envs.base import Environment, Task
+from asyncrl.envs.base import Environment
 from asyncrl.sampling.protocol import EngineClosed, RolloutEngine
 from asyncrl.tools.context import EpisodeContext, enter_episode
 from asyncrl.tracing import flow_id
@@ -24,6 +24,7 @@ from asyncrl.types import (
     FinishReason,
     GenerateRequest,
     SamplingParams,
+    Task,
     Trajectory,
     TrajectoryStatus,
 )

@@ -1,11 +1,16 @@
 """The orchestrator: keeps up to `max_concurrency` episodes running, G per task under one group id.
 
-It starts a new group only when (1) the admission hook allows it (the learner's staleness bound:
+It starts a new group only when (1) the admission hook has room (the learner's staleness bound:
 no generation that could not be trained in time) and (2) enough episode slots are free for its
 members. Finished members go to the `GroupQueue`; failed ones are re-run there when the failure
-policy says "retry". One slow episode holds only its own slot. `stop()` starts no new groups and
-lets running ones finish; `cancel()` cancels running episodes, which are recorded as cancelled.
-The orchestrator knows nothing of the learner beyond the admission hook.
+policy says "retry". One slow episode holds only its own slot. When a member's failure dooms its
+group (policy "drop", or "retry" with the retries spent), the group's other members are cancelled
+at once (unless `cancel_doomed` is off): nothing is generated for a group that will be thrown away.
+
+`stop()` starts no new groups and lets running ones finish; a group caught half-started is
+withdrawn (its started members cancelled, the queue told), never left open. `cancel()` cancels
+every running episode (recorded as cancelled) and withdraws every group still open. The
+orchestrator knows nothing of the learner beyond the admission hook.
 """
 
 from __future__ import annotations
@@ -13,27 +18,60 @@ from __future__ import annotations
 import asyncio
 import collections
 import hashlib
+import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from typing import Protocol
 
 from asyncrl import tracing
 from asyncrl.agents import Agent
-from asyncrl.envs.base import Environment, Task
-from asyncrl.rollout.cursor import DataCursor
+from asyncrl.config.rollout import FailurePolicy
+from asyncrl.envs.base import Environment
 from asyncrl.rollout.episode import Episode, EpisodeLimits, EpisodeSpec
-from asyncrl.rollout.groups import GroupQueue
+from asyncrl.rollout.groups import Admitted, GroupEnd, GroupQueue
 from asyncrl.sampling.protocol import EngineClosed, RolloutEngine
 from asyncrl.tracing import flow_id
-from asyncrl.types import SamplingParams, Trajectory, TrajectoryStatus
+from asyncrl.types import NumberedTask, SamplingParams, Task, Trajectory, TrajectoryStatus
 
-NumberedTask = tuple[int, Task, bool]  # (group number, task, replay)
+
+log = logging.getLogger(__name__)
+
+
+class _Unbuilt:
+    """Stands in for an environment whose factory raised: its reset raises the same error, so the
+    episode ends as `env_error` with a recorded status like any other environment failure."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+    async def reset(self, task: Task) -> tuple:
+        raise self.error
+
+    async def step(self, action: object) -> object:
+        raise self.error
+
+    async def close(self) -> None:
+        return None
 
 
 class Admission(Protocol):
-    async def wait(self) -> None:
+    async def room(self) -> None:
         """Return when a new group may start."""
         ...
+
+    def issue(self, number: int) -> None:
+        """Group `number` starts now (called right after `room()` returned)."""
+        ...
+
+
+class Unbounded:
+    """No admission bound: every group may start at once (evaluation, tests, sync batches)."""
+
+    async def room(self) -> None:
+        return None
+
+    def issue(self, number: int) -> None:
+        return None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -43,12 +81,50 @@ class OrchestratorSettings:
     limits: EpisodeLimits
     sampling: SamplingParams
     seed: int = 0
+    cancel_doomed: bool = True
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RolloutPlan:
+    """Everything needed to run a training run's episodes: the engine, the orchestrator's
+    settings and factories, and the group queue's failure policy and buffer."""
+
+    engine: RolloutEngine
+    settings: OrchestratorSettings
+    make_env: Callable[[Task], Environment]
+    make_agent: Callable[[], Agent]
+    failure_policy: FailurePolicy = "zero"
+    max_retries: int = 2
+    max_ready: int = 16
+
+    def build(self, on_end: GroupEnd | None, admission: Admission | None) -> Orchestrator:
+        """An orchestrator with its own queue (`orchestrator.queue`)."""
+        queue = GroupQueue(
+            self.settings.group_size,
+            self.failure_policy,
+            self.max_retries,
+            self.max_ready,
+            on_end=on_end,
+        )
+        return Orchestrator(
+            self.engine,
+            queue,
+            self.settings,
+            make_env=self.make_env,
+            make_agent=self.make_agent,
+            admission=admission,
+        )
 
 
 def member_seed(seed: int, group_id: str, member: int, attempt: int) -> int:
     """A distinct sampling seed per (run, group, member, attempt): group members never share one."""
     digest = hashlib.sha256(f"{seed}/{group_id}/{member}/{attempt}".encode()).digest()
     return int.from_bytes(digest[:8], "big") >> 1
+
+
+def numbered(tasks: Iterable[Task], start: int = 0) -> Iterable[NumberedTask]:
+    """Tasks numbered in order (groups of a stream that was never restored)."""
+    return (NumberedTask(number=start + i, task=t) for i, t in enumerate(tasks))
 
 
 class Orchestrator:
@@ -61,73 +137,81 @@ class Orchestrator:
         make_env: Callable[[Task], Environment],
         make_agent: Callable[[], Agent],
         admission: Admission | None = None,
-        cursor: DataCursor | None = None,
     ) -> None:
         self.engine, self.queue, self.settings = engine, queue, settings
-        self.make_env, self.make_agent, self.admission = make_env, make_agent, admission
-        self.cursor = cursor
+        self.make_env, self.make_agent = make_env, make_agent
+        self.admission: Admission = admission or Unbounded()
         self._free = asyncio.Semaphore(settings.max_concurrency)
         self._running: set[asyncio.Task] = set()
+        self._members: dict[str, set[asyncio.Task]] = collections.defaultdict(set)
         self._stopping = False
         self.groups_started = 0
         self.retries = 0
+        self.doomed_cancelled = 0  # members cancelled because their group was already lost
         self.status_counts: collections.Counter[TrajectoryStatus] = collections.Counter()
-        self.finished: list[Trajectory] = []  # every terminal member, kept or not (for metrics)
 
     @property
     def active(self) -> int:
         return len(self._running)
 
-    async def run(self, tasks: Iterable[Task] | Iterable[NumberedTask]) -> None:
-        """Start groups for `tasks` until they run out or `stop()`; wait for running episodes.
+    async def run(self, items: Iterable[NumberedTask]) -> None:
+        """Start a group per item until they run out or `stop()`; wait for running episodes.
 
-        Items are tasks (numbered in start order) or `(number, task, replay)` from a `DataCursor`:
-        the number names the group, so a re-issued group keeps its id and its sampling seeds.
+        The item's number names the group, so a re-issued group keeps its id and sampling seeds.
         """
         try:
-            for item in tasks:
+            for item in items:
                 if self._stopping:
                     break
-                if self.admission is not None:
-                    await self.admission.wait()
+                await self.admission.room()
                 if self._stopping:
                     break
-                if getattr(self.engine, "exhausted", False):
+                if self.engine.exhausted:
                     raise EngineClosed("no rollout engine is left to serve episodes")
-                if isinstance(item, tuple):
-                    n, task, replay = item
-                else:
-                    n, task, replay = self.groups_started, item, False
-                await self._start_group(n, task, replay)
+                await self._start_group(item)
             await self.drain()
         except asyncio.CancelledError:
             await self.cancel()
             raise
 
-    async def _start_group(self, n: int, task: Task, replay: bool) -> None:
-        group_id = f"{task.id}@{n}"
+    async def _start_group(self, item: NumberedTask) -> None:
         self.groups_started += 1
-        self.queue.open(group_id, task.id)
-        if self.cursor is not None:
-            self.cursor.issue(n)
+        self.admission.issue(item.number)
+        self.queue.open(item)
         for member in range(self.settings.group_size):
             await self._free.acquire()
-            if self._stopping:  # stopped while waiting for a slot: start nothing more
+            if self._stopping or not self.queue.is_open(item.group_id):
+                # Stopped while waiting for a slot (withdraw the half-started group), or a
+                # started member already doomed it (start nothing more for it).
                 self._free.release()
+                if self._stopping:
+                    self._withdraw(item.group_id)
                 return
-            job = asyncio.create_task(self._member(task, group_id, member, replay), name=group_id)
+            job = asyncio.create_task(self._member(item, member), name=item.group_id)
             self._running.add(job)
-            job.add_done_callback(self._running.discard)
+            self._members[item.group_id].add(job)
+            job.add_done_callback(self._forget(item.group_id))
 
-    async def _member(self, task: Task, group_id: str, member: int, replay: bool) -> None:
+    def _forget(self, group_id: str) -> Callable[[asyncio.Task], None]:
+        def done(job: asyncio.Task) -> None:
+            self._running.discard(job)
+            members = self._members.get(group_id)
+            if members is not None:
+                members.discard(job)
+                if not members:
+                    del self._members[group_id]
+
+        return done
+
+    async def _member(self, item: NumberedTask, member: int) -> None:
         try:
             attempt = 0
             while True:
-                trajectory = await self._episode(task, group_id, member, attempt, replay)
+                trajectory = await self._episode(item, member, attempt)
                 self.status_counts[trajectory.status] += 1
-                self.finished.append(trajectory)
                 if not self.queue.should_retry(trajectory, attempt):
-                    await self.queue.put(trajectory)
+                    if await self.queue.put(trajectory) == Admitted.DOOMED:
+                        self._cancel_members(item.group_id)
                     return
                 tracer = tracing.get()  # the failed attempt's flow ends here
                 tracer.instant(tracer.track("rollout"), "retry", ends=(flow_id(trajectory.id),))
@@ -136,26 +220,41 @@ class Orchestrator:
         finally:
             self._free.release()
 
-    async def _episode(
-        self, task: Task, group_id: str, member: int, attempt: int, replay: bool
-    ) -> Trajectory:
+    def _cancel_members(self, group_id: str) -> None:
+        if not self.settings.cancel_doomed:
+            return
+        current = asyncio.current_task()
+        for job in list(self._members.get(group_id, ())):
+            if job is not current and not job.done():
+                job.cancel()
+                self.doomed_cancelled += 1
+
+    def _withdraw(self, group_id: str) -> None:
+        self.queue.withdraw(group_id)
+        for job in list(self._members.get(group_id, ())):
+            job.cancel()
+
+    async def _episode(self, item: NumberedTask, member: int, attempt: int) -> Trajectory:
         s = self.settings
-        seed = member_seed(s.seed, group_id, member, attempt)
+        group_id = item.group_id
         spec = EpisodeSpec(
             episode_id=f"{group_id}/{member}" + (f"~{attempt}" if attempt else ""),
             group_id=group_id,
-            task=task,
-            sampling=replace(s.sampling, seed=seed),
+            task=item.task,
+            sampling=replace(s.sampling, seed=member_seed(s.seed, group_id, member, attempt)),
             attempt=attempt,
-            replay=replay,
+            replay=item.replay,
         )
-        episode = Episode(spec, self.engine, self.make_agent(), self.make_env(task), s.limits)
+        try:
+            env = self.make_env(item.task)
+        except Exception as e:  # a factory bug or an unregistered environment: this group's only
+            log.warning("environment for task %s could not be built: %.200s", item.task.id, e)
+            env = _Unbuilt(e)
+        episode = Episode(spec, self.engine, self.make_agent(), env, s.limits)
         try:
             return await episode.run()
         except asyncio.CancelledError:
-            record = episode.trajectory(TrajectoryStatus.CANCELLED)
-            self.status_counts[record.status] += 1
-            self.finished.append(record)
+            self.status_counts[TrajectoryStatus.CANCELLED] += 1
             raise
 
     def stop(self) -> None:
@@ -167,10 +266,12 @@ class Orchestrator:
             await asyncio.gather(*list(self._running), return_exceptions=True)
 
     async def cancel(self) -> None:
-        """Stop, cancel every running episode (each closes its environment), and wait for them."""
+        """Stop, cancel every running episode (each closes its environment), wait for them, and
+        withdraw every group that is still open."""
         self._stopping = True
         while self._running:
             jobs = list(self._running)
             for job in jobs:
                 job.cancel()
             await asyncio.gather(*jobs, return_exceptions=True)
+        self.queue.withdraw_open()

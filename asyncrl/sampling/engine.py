@@ -125,6 +125,11 @@ class Engine:
     def version(self) -> int:
         return self._version
 
+    @property
+    def exhausted(self) -> bool:
+        """Closed (or its decode thread died): no request will be served again."""
+        return self._closed
+
     async def generate(self, request: GenerateRequest) -> Completion:
         if not request.prompt:
             raise ValueError("a request needs at least one prompt token")

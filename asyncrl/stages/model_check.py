@@ -2,16 +2,17 @@
 
 Builds (or loads) the model, renders a chat prompt, decodes greedily with the KV cache and checks
 every step against an uncached full forward, then exports the weights as HF safetensors and
-re-imports them, checking the logits are unchanged. Writes `model_check.json` into the run folder.
+re-imports them, checking the logits are unchanged. Writes its `ModelCheckResult` into the run
+folder.
 This is the first thing a new checkpoint or preset should pass before it is trained.
 """
 
 from __future__ import annotations
 
-import json
+import math
 import time
-from dataclasses import asdict, dataclass
-from pathlib import Path
+from dataclasses import dataclass
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -21,6 +22,7 @@ from flax import nnx
 from asyncrl.config import RunConfig
 from asyncrl.model import build_model, count_params, init_cache
 from asyncrl.model import hf_checkpoint as hf
+from asyncrl.run_layout import RunLayout, Stage
 from asyncrl.tokenize import build_chat_format, build_tokenizer, render
 from asyncrl.types import Message, Role
 
@@ -30,6 +32,7 @@ LOGIT_TOLERANCE = 1e-4
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ModelCheckResult:
+    STAGE: ClassVar[Stage] = Stage.MODEL_CHECK
     params: int
     prompt_tokens: int
     generated: str
@@ -40,7 +43,7 @@ class ModelCheckResult:
     ok: bool
 
 
-def model_check(cfg: RunConfig, run_dir: Path, new_tokens: int = 24) -> ModelCheckResult:
+def model_check(cfg: RunConfig, layout: RunLayout, new_tokens: int = 24) -> ModelCheckResult:
     start = time.perf_counter()
     model = build_model(cfg.model, seed=cfg.seed)
     if cfg.model.checkpoint:
@@ -53,7 +56,7 @@ def model_check(cfg: RunConfig, run_dir: Path, new_tokens: int = 24) -> ModelChe
         generation_prompt=True,
     )
     tokens, diff = _greedy_with_check(model, prompt, new_tokens, fmt.stop_tokens)
-    export_dir = run_dir / "model"
+    export_dir = layout.dir(Stage.MODEL_CHECK) / "model"
     files = hf.save(model, str(export_dir))
     reloaded = build_model(cfg.model, seed=cfg.seed + 1)
     hf.load_into(reloaded, str(export_dir))
@@ -64,13 +67,13 @@ def model_check(cfg: RunConfig, run_dir: Path, new_tokens: int = 24) -> ModelChe
         params=count_params(model),
         prompt_tokens=len(prompt),
         generated=tokenizer.decode(tokens),
-        cached_vs_full_max_diff=diff,
-        export_roundtrip_max_diff=roundtrip,
+        cached_vs_full_max_diff=diff if math.isfinite(diff) else 1e30,  # NaN/inf: failed
+        export_roundtrip_max_diff=roundtrip if math.isfinite(roundtrip) else 1e30,
         exported_files=tuple(files),
         seconds=round(time.perf_counter() - start, 2),
         ok=diff <= LOGIT_TOLERANCE and roundtrip <= LOGIT_TOLERANCE,
     )
-    (run_dir / "model_check.json").write_text(json.dumps(asdict(result), indent=2))
+    layout.write(result)
     return result
 
 

@@ -2,90 +2,138 @@
 
 Provision makes the run folder, records the resolved config, checks the model (`model_check`)
 and acquires the devices: on the `local` backend that means the CPU's (virtual) devices, nothing to
-create; on `gke` it creates or reuses the TPU node pool (`asyncrl.cloud.provision`). Everything it
-created is written to `<run>/provision.json`, and teardown deletes exactly that, nothing else, and
-records `<run>/teardown.json`. Both are safe to retry.
+create; on `gke` the pipeline hands in a `Provisioner` (cloud/provision.py) that creates or reuses
+the TPU node pool. Everything it created is recorded in the `ProvisionResult`, and teardown
+releases exactly that, nothing else, and records a `TeardownResult`. Both are safe to retry.
+
+A run id names one run: provisioning an existing run folder is a resume, allowed only when the
+folder's config has the same hash as this config; otherwise it is refused, naming what differs.
 """
 
 from __future__ import annotations
 
-import json
 import os
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
+from typing import ClassVar, Protocol
 
-from asyncrl.config import RunConfig, to_yaml
-from asyncrl.stages.run_dir import CONFIG_FILE
+from asyncrl.config import ConfigError, RunConfig, load_config_text, to_yaml
+from asyncrl.run_layout import LayoutError, RunLayout, Stage
 
-PROVISION_FILE = "provision.json"
-TEARDOWN_FILE = "teardown.json"
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Resource:
+    """Something provision acquired for the run (a node pool), as teardown needs to release it."""
+
+    kind: str
+    name: str
+    created: bool  # made for this run (teardown deletes it), not found already there
+    status: str = ""
+
+
+class Provisioner(Protocol):
+    def acquire(self, cfg: RunConfig) -> Resource: ...
+
+    def release(self, cfg: RunConfig, resource: Resource) -> None: ...
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ProvisionResult:
+    STAGE: ClassVar[Stage] = Stage.PROVISION
     run_id: str
     run_dir: str
     backend: str
     devices: str  # what the run will use, in words
-    created: list[dict] = field(default_factory=list)  # resources teardown must delete
+    created: tuple[Resource, ...] = ()  # resources teardown must release
     model_check_ok: bool = True
 
 
-def local_path(uri: str) -> Path:
-    """A run folder URI as a path this process can write: gs://b/p is /gcs/b/p on GKE pods (the
-    Cloud Storage FUSE CSI volume), a local path is itself."""
-    if uri.startswith("gs://"):
-        return Path("/gcs") / uri[len("gs://") :]
-    return Path(uri)
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TeardownResult:
+    STAGE: ClassVar[Stage] = Stage.TEARDOWN
+    pipeline_state: str
+    released: tuple[Resource, ...] = ()
 
 
-def run_folder(cfg: RunConfig, job_id: str) -> Path:
-    """The run's folder: `pipeline.run_id` when set, else the pipeline job's id, under runs_dir."""
-    return (local_path(cfg.pipeline.runs_dir) / (cfg.pipeline.run_id or job_id)).absolute()
+def claim(layout: RunLayout, cfg: RunConfig) -> RunLayout:
+    """Create the run folder with this config, or reuse it for a resume of the same config.
+
+    A reused run id whose recorded config differs is refused (ConfigError naming the keys)."""
+    layout.create()
+    if layout.config.exists():
+        try:
+            old = load_config_text(layout.config.read_text())
+        except (ConfigError, OSError, UnicodeDecodeError) as e:
+            raise LayoutError(
+                f"{layout.config}: the run's recorded config is unreadable ({e})"
+            ) from None
+        if old.hash() != cfg.hash():
+            diffs = _differences(old.to_dict(), cfg.to_dict())
+            raise ConfigError(
+                "pipeline.run_id",
+                f"{layout.run_id!r} is an existing run with another config "
+                f"({', '.join(diffs[:5])}); use a new run id, or the same config to resume it",
+            )
+        return layout
+    layout.write_text(layout.config, to_yaml(cfg))
+    return layout
 
 
-def provision(cfg: RunConfig, job_id: str) -> ProvisionResult:
+def _differences(old: dict, new: dict, prefix: str = "") -> list[str]:
+    out = []
+    for key in sorted(set(old) | set(new)):
+        a, b = old.get(key), new.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += _differences(a, b, f"{prefix}{key}.")
+        elif a != b:
+            out.append(f"{prefix}{key}: {a!r:.40} → {b!r:.40}")
+    return out
+
+
+def provision(
+    cfg: RunConfig, layout: RunLayout, provisioner: Provisioner | None = None
+) -> ProvisionResult:
     from asyncrl.stages.model_check import model_check
 
-    run_dir = run_folder(cfg, job_id)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / CONFIG_FILE).write_text(to_yaml(cfg))
-    created: list[dict] = []
+    claim(layout, cfg)
+    created: tuple[Resource, ...] = ()
     if cfg.cluster.backend == "gke":
-        from asyncrl.cloud.provision import provision_node_pool
-
-        record = provision_node_pool(cfg)
-        created = [record] if record.get("created") else []
-        devices = f"{cfg.cluster.tpu_type} {cfg.cluster.tpu_topology} node pool {record['name']}"
+        if provisioner is None:
+            raise ValueError("cluster.backend gke needs a provisioner (the pipeline passes one)")
+        resource = provisioner.acquire(cfg)
+        created = (resource,) if resource.created else ()
+        devices = f"{cfg.cluster.tpu_type} {cfg.cluster.tpu_topology} node pool {resource.name}"
     else:
         devices = f"local CPU ({os.cpu_count()} cores, placement {cfg.cluster.placement})"
-    check = model_check(cfg, run_dir)
+    check = model_check(cfg, layout)
     result = ProvisionResult(
-        run_id=run_dir.name,
-        run_dir=str(run_dir),
+        run_id=layout.run_id,
+        run_dir=layout.location,
         backend=cfg.cluster.backend,
         devices=devices,
         created=created,
         model_check_ok=check.ok,
     )
-    (run_dir / PROVISION_FILE).write_text(json.dumps(asdict(result), indent=2))
+    layout.write(result)
     if not check.ok:
-        raise RuntimeError(f"model check failed: see {run_dir}/model_check.json")
+        raise RuntimeError(f"model check failed: see {layout.result_path(Stage.MODEL_CHECK)}")
     return result
 
 
-def teardown(cfg: RunConfig, run_dir: Path, pipeline_state: str = "") -> dict:
-    """Delete what provision created for this run (nothing on the local backend)."""
-    record_path = run_dir / PROVISION_FILE
-    created = json.loads(record_path.read_text())["created"] if record_path.exists() else []
-    deleted = []
-    for resource in created:
-        if resource.get("kind") == "node_pool":
-            from asyncrl.cloud.provision import delete_node_pool
-
-            delete_node_pool(cfg, resource)
-            deleted.append(resource)
-    result = {"pipeline_state": pipeline_state, "deleted": deleted, "created": created}
-    if run_dir.exists():
-        (run_dir / TEARDOWN_FILE).write_text(json.dumps(result, indent=2))
+def teardown(
+    cfg: RunConfig,
+    layout: RunLayout,
+    pipeline_state: str = "",
+    provisioner: Provisioner | None = None,
+) -> TeardownResult:
+    """Release what provision created for this run (nothing on the local backend)."""
+    record = layout.maybe(ProvisionResult)
+    released = []
+    for resource in record.created if record else ():
+        if provisioner is None:
+            raise ValueError(f"cannot release {resource.kind} {resource.name}: no provisioner")
+        provisioner.release(cfg, resource)
+        released.append(resource)
+    result = TeardownResult(pipeline_state=pipeline_state, released=tuple(released))
+    if layout.root.is_dir():
+        layout.write(result)
     return result

@@ -5,8 +5,9 @@ folder). It is evaluated on the fixed held-out split greedily and with `gate.sam
 samples at `gate.temperature`, through the same engine, agents and environments as training. The
 champion's metrics come from the registry; if they were measured on a different evaluation (another
 held-out set or sampling), the champion's model is evaluated again here so both sides are measured
-the same way. The report (every check) goes to `<run>/quality_gate/report.json`, flat numbers to
-`metrics.json`; a passing candidate is promoted when `gate.promote` is on.
+the same way. The result (every check, `GateResult`) goes to `<run>/quality_gate/report.json`,
+flat numbers to `metrics.json`. The gate only decides: promoting a passing candidate is the promote
+stage's job (stages/promote.py), which reads this result.
 """
 
 from __future__ import annotations
@@ -14,28 +15,21 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 from asyncrl.config import RunConfig
 from asyncrl.gates.champion import Champion, ChampionRegistry
 from asyncrl.gates.evaluation import run_episodes
-from asyncrl.gates.quality import Estimate, GateReport, decide, quality_metrics, status_counts
+from asyncrl.gates.quality import Check, Estimate, decide, quality_metrics, status_counts
 from asyncrl.model import build_model
 from asyncrl.model import hf_checkpoint as hf
-from asyncrl.stages.common import Wiring
-from asyncrl.stages.train import RESULT_FILE as TRAIN_RESULT
+from asyncrl.run_layout import RunLayout, Stage
+from asyncrl.stages.train import TrainResult
+from asyncrl.wiring.episodes import Wiring
 
-REPORT_FILE = "report.json"
 METRICS_FILE = "metrics.json"
-
-
-@dataclass(frozen=True, slots=True)
-class GateOutcome:
-    report: GateReport
-    candidate: dict[str, Estimate]
-    promoted: bool
-    report_path: Path
 
 
 def eval_key(cfg: RunConfig) -> str:
@@ -52,17 +46,14 @@ def champion_uri(cfg: RunConfig) -> str:
     return uri if uri.startswith("gs://") else str(Path(uri).absolute())
 
 
-def candidate_model(run_dir: Path) -> Path:
-    for rel in ("train/model", "warm_start/model", "model"):
-        if (run_dir / rel).is_dir():
-            return run_dir / rel
-    raise FileNotFoundError(f"no model under {run_dir} (train/model or warm_start/model)")
-
-
-def start_solve_rate(run_dir: Path) -> float | None:
-    """The greedy held-out solve rate the train stage measured before its first step, if any."""
-    path = run_dir / "train" / TRAIN_RESULT
-    return json.loads(path.read_text())["initial_solve_rate"] if path.is_file() else None
+def candidate_model(layout: RunLayout) -> Path:
+    """The run's newest model: the trained one, else the warm start."""
+    for path in (layout.train_model, layout.warm_start_model):
+        if path.is_dir():
+            return path
+    raise FileNotFoundError(
+        f"no model in run folder {layout.root} (train/model or warm_start/model)"
+    )
 
 
 def evaluate(cfg: RunConfig, model_uri: str) -> tuple[dict[str, Estimate], dict[str, int]]:
@@ -107,80 +98,68 @@ def _champion_metrics(cfg: RunConfig, champ: Champion, key: str) -> dict[str, Es
     return metrics
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GateResult:
+    """The gate's decision and everything it measured (`<run>/quality_gate/report.json`)."""
+
+    STAGE: ClassVar[Stage] = Stage.QUALITY_GATE
+    passed: bool
+    run_id: str
+    model: str
+    champion: str | None
+    eval_key: str
+    checks: tuple[Check, ...]
+    candidate: dict[str, Estimate]
+    champion_metrics: dict[str, Estimate] | None
+    greedy_statuses: dict[str, int]
+
+    @property
+    def failed(self) -> tuple[Check, ...]:
+        return tuple(c for c in self.checks if not c.passed)
+
+
 def quality_gate(
-    cfg: RunConfig,
-    run_dir: Path,
-    model_dir: Path | None = None,
-    run_id: str | None = None,
-    promote: bool | None = None,
-) -> GateOutcome:
-    """Evaluate and decide; promote a passing candidate when `promote` (default gate.promote)."""
-    out = run_dir / "quality_gate"
+    cfg: RunConfig, layout: RunLayout, model_dir: Path | None = None, run_id: str | None = None
+) -> GateResult:
+    """Evaluate the candidate and decide; promotion is the next stage's (stages/promote.py)."""
+    out = layout.dir(Stage.QUALITY_GATE)
     out.mkdir(parents=True, exist_ok=True)
-    model_dir = model_dir or candidate_model(run_dir)
+    model_dir = model_dir or candidate_model(layout)
     key = eval_key(cfg)
     candidate, statuses = evaluate(cfg, str(model_dir))
-    registry = ChampionRegistry(champion_uri(cfg))
-    champ = registry.current()
+    champ = ChampionRegistry(champion_uri(cfg)).current()
     champ_metrics = _champion_metrics(cfg, champ, key) if champ else None
+    train = layout.maybe(TrainResult)
     report = decide(
         candidate,
         champ_metrics,
         cfg.gate,
         champ.run_id if champ else None,
-        start_solve_rate=start_solve_rate(run_dir),
+        start_solve_rate=train.initial_solve_rate if train else None,
     )
-    run_id = run_id or run_dir.name
-    promoted = False
-    if report.passed and (cfg.gate.promote if promote is None else promote):
-        registry.promote(run_id, model_dir, {k: v.to_json() for k, v in candidate.items()}, key)
-        promoted = True
-    record = {
-        "passed": report.passed,
-        "run_id": run_id,
-        "model": str(model_dir),
-        "champion": report.champion,
-        "promoted": promoted,
-        "eval_key": key,
-        "checks": [asdict(c) for c in report.checks],
-        "candidate": {k: v.to_json() for k, v in candidate.items()},
-        "champion_metrics": (
-            {k: v.to_json() for k, v in champ_metrics.items()} if champ_metrics else None
-        ),
-        "greedy_statuses": statuses,
-    }
-    path = out / REPORT_FILE
-    path.write_text(json.dumps(record, indent=2))
-    (out / METRICS_FILE).write_text(
-        json.dumps({k: round(v.value, 6) for k, v in candidate.items()}, indent=2)
+    result = GateResult(
+        passed=report.passed,
+        run_id=run_id or layout.run_id,
+        model=str(Path(model_dir).absolute()),
+        champion=report.champion,
+        eval_key=key,
+        checks=report.checks,
+        candidate=candidate,
+        champion_metrics=champ_metrics,
+        greedy_statuses=dict(statuses),
     )
-    return GateOutcome(report=report, candidate=candidate, promoted=promoted, report_path=path)
+    layout.write(result)
+    flat = {k: round(v.value, 6) for k, v in candidate.items()}
+    layout.write_text(out / METRICS_FILE, json.dumps(flat, indent=2))
+    return result
 
 
-def promote_passed(cfg: RunConfig, run_dir: Path) -> bool:
-    """Promote the run's gated model if its recorded gate report passed (the pipeline's last
-    stage); returns whether it was promoted now."""
-    record = json.loads((run_dir / "quality_gate" / REPORT_FILE).read_text())
-    if not record["passed"] or record["promoted"] or not cfg.gate.promote:
-        return False
-    ChampionRegistry(champion_uri(cfg)).promote(
-        record["run_id"], Path(record["model"]), record["candidate"], record["eval_key"]
-    )
-    record["promoted"] = True
-    (run_dir / "quality_gate" / REPORT_FILE).write_text(json.dumps(record, indent=2))
-    return True
-
-
-def format_report(outcome: GateOutcome) -> str:
+def format_report(result: GateResult) -> str:
     lines = []
-    for c in outcome.report.checks:
+    for c in result.checks:
         mark = "pass" if c.passed else "FAIL"
         lines.append(f"  [{mark}] {c.name}: {c.value} ({c.bound}) {c.detail}".rstrip())
-    verdict = "PASSED" if outcome.report.passed else "FAILED"
-    failed = ", ".join(c.name for c in outcome.report.failed)
-    lines.append(
-        f"quality gate {verdict}"
-        + (f": {failed}" if failed else "")
-        + (" (promoted to champion)" if outcome.promoted else "")
-    )
+    verdict = "PASSED" if result.passed else "FAILED"
+    failed = ", ".join(c.name for c in result.failed)
+    lines.append(f"quality gate {verdict}" + (f": {failed}" if failed else ""))
     return "\n".join(lines)

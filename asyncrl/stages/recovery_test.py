@@ -24,14 +24,17 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
-from asyncrl.checkpoint.faults import ENV, Phase
 from asyncrl.checkpoint.manager import Checkpointer
 from asyncrl.config import RunConfig, load_config, to_yaml
+from asyncrl.learner.hooks import Phase
+from asyncrl.run_layout import RunLayout, Stage
+from asyncrl.stages.train import TrainResult
+from asyncrl.wiring.faults import ENV
 
-VERDICT_FILE = "verdict.json"
 # The chain: (phase, step at which to kill). Checkpoints every 2 steps, so every kill loses work.
 PLAN: tuple[tuple[Phase, int], ...] = (
     (Phase.ROLLOUT, 4),
@@ -60,6 +63,7 @@ class PhaseVerdict:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RecoveryVerdict:
+    STAGE: ClassVar[Stage] = Stage.RECOVERY_TEST
     passed: bool
     completed: bool
     final_step: int
@@ -157,7 +161,7 @@ def _judge(kill: _Kill, resumed: dict | None, final: dict | None, gps: int) -> P
 
 
 def _continues(saved: dict, final: dict) -> bool:
-    before, after = saved["cursor"], final["cursor"]
+    before, after = saved["state"]["cursor"], final["state"]["cursor"]
     trained = after["trained"]
     accounted = set(trained) | set(after["dropped"]) | set(after["pending"])
     return (
@@ -170,20 +174,21 @@ def _continues(saved: dict, final: dict) -> bool:
 
 def recovery_test(
     cfg: RunConfig,
-    run_dir: Path,
+    layout: RunLayout,
     init_model: str | None = None,
     overrides: tuple[str, ...] = (),
     progress=print,
 ) -> RecoveryVerdict:
     start = time.monotonic()
-    out = run_dir / "recovery_test"
+    out = layout.dir(Stage.RECOVERY_TEST)
     out.mkdir(parents=True, exist_ok=True)
-    child_dir = out / "run"
+    child = layout.recovery_child
+    child_dir = child.root
     rcfg = recovery_config(cfg, out, overrides)
     config_file = out / "config.yaml"
     config_file.write_text(to_yaml(rcfg))
     gps = rcfg.learner.batch_size // rcfg.rollout.group_size
-    resume_file = child_dir / "train" / "resume.json"
+    resume_file = child.resume_record
     kills: list[_Kill] = []
     resumptions: list[dict | None] = []
     code = 0
@@ -199,17 +204,17 @@ def recovery_test(
                 resumptions.append(_read_json(resume_file))
             if phase is None:
                 break
-            ckpt = Checkpointer(str(child_dir / "checkpoints"))
+            ckpt = Checkpointer(child.checkpoints)
             at_kill = ckpt.latest_step()
             saved = ckpt.read_pipeline(at_kill) if at_kill is not None else None
             ckpt.close()
             kills.append(_Kill(phase, step, code, at_kill, saved))
-    result = _read_json(child_dir / "train" / "train.json") or {}
-    final_step = int(result.get("steps", 0))
+    result = child.maybe(TrainResult)
+    final_step = result.steps if result is not None else 0
     completed = code == 0 and final_step == rcfg.learner.steps
     final = None
     if completed:
-        ckpt = Checkpointer(str(child_dir / "checkpoints"))
+        ckpt = Checkpointer(child.checkpoints)
         final = ckpt.read_pipeline(ckpt.latest_step())
         ckpt.close()
     phases = tuple(_judge(k, r, final, gps) for k, r in zip(kills, resumptions, strict=True))
@@ -220,7 +225,7 @@ def recovery_test(
         seconds=round(time.monotonic() - start, 1),
         phases=phases,
     )
-    (out / VERDICT_FILE).write_text(json.dumps(asdict(verdict), indent=2))
+    layout.write(verdict)
     return verdict
 
 

@@ -8,11 +8,10 @@ demonstrations on the loss-masked assistant tokens, exports the model as HF safe
 
 from __future__ import annotations
 
-import json
 import random
 import time
-from dataclasses import asdict, dataclass
-from pathlib import Path
+from dataclasses import dataclass
+from typing import ClassVar
 
 from asyncrl.config import RunConfig
 from asyncrl.envs.demonstrations import demonstrations
@@ -22,13 +21,13 @@ from asyncrl.metrics.progress import Progress
 from asyncrl.metrics.tracker import JsonlTracker
 from asyncrl.model import build_model
 from asyncrl.model import hf_checkpoint as hf
-from asyncrl.stages.common import Wiring, evaluate_model
-
-RESULT_FILE = "warm_start.json"
+from asyncrl.run_layout import RunLayout, Stage
+from asyncrl.wiring.episodes import Wiring, evaluate_model
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class WarmStartResult:
+    STAGE: ClassVar[Stage] = Stage.WARM_START
     model_dir: str
     steps: int
     seconds: float
@@ -39,7 +38,7 @@ class WarmStartResult:
     skipped_too_long: int  # demonstrations longer than env.max_context
 
 
-def warm_start(cfg: RunConfig, run_dir: Path, log_every: int = 20) -> WarmStartResult:
+def warm_start(cfg: RunConfig, layout: RunLayout, log_every: int = 20) -> WarmStartResult:
     start = time.monotonic()
     wiring = Wiring.of(cfg)
     model = build_model(cfg.model, seed=cfg.seed)
@@ -55,7 +54,7 @@ def warm_start(cfg: RunConfig, run_dir: Path, log_every: int = 20) -> WarmStartR
     fitting = [t for t, d in zip(tasks, every, strict=True) if len(d.tokens) <= cfg.env.max_context]
     content = demonstrations(fitting, wiring.fmt, content_only=True, **mix)
     learner = Learner(model, cfg.learner, max_len=cfg.env.max_context, sft=ws)
-    tracker = JsonlTracker(run_dir / "warm_start" / "metrics.jsonl")
+    tracker = JsonlTracker(layout.dir(Stage.WARM_START) / "metrics.jsonl")
     rng = random.Random(cfg.seed)
     loss = float("nan")
     rows = ws.batch_size
@@ -71,7 +70,7 @@ def warm_start(cfg: RunConfig, run_dir: Path, log_every: int = 20) -> WarmStartR
     tracker.close()
     progress.close()
     trained = learner.model()
-    model_dir = run_dir / "warm_start" / "model"
+    model_dir = layout.warm_start_model
     hf.save(trained, str(model_dir))
     summary = evaluate_model(cfg, trained)
     result = WarmStartResult(
@@ -84,5 +83,5 @@ def warm_start(cfg: RunConfig, run_dir: Path, log_every: int = 20) -> WarmStartR
         demonstrations=len(demos),
         skipped_too_long=len(every) - len(demos),
     )
-    (run_dir / "warm_start" / RESULT_FILE).write_text(json.dumps(asdict(result), indent=2))
+    layout.write(result)
     return result

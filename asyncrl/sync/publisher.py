@@ -1,38 +1,34 @@
-"""The `WeightPublisher`: hands the learner's parameters to the engine under a new policy version.
+"""The `WeightPublisher`: hands the learner's parameters to the engine under a given policy version.
 
 Publishing never blocks the event loop and never waits for the engine: the engine copies the
-parameters onto its own devices and swaps them in between two decode steps. Versions increase by
-one per publish; the publisher is the only one that decides them.
+parameters onto its own devices and swaps them in between two decode steps. The training loop's
+state decides the version (one more per publish); the publisher only delivers it and times it.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from flax import nnx
 
-from asyncrl.checkpoint import faults
 from asyncrl.sampling.protocol import RolloutEngine
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class PublishRecord:
     version: int
     learner_step: int
     seconds: float
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class WeightPublisher:
     engine: RolloutEngine
-    version: int = 0
-    history: list[PublishRecord] = field(default_factory=list)
 
-    def publish(self, params: nnx.State, learner_step: int) -> int:
+    def publish(self, params: nnx.State, version: int, learner_step: int) -> PublishRecord:
         start = time.perf_counter()
-        self.version += 1
-        self.engine.publish(params, self.version)
-        faults.point(faults.Phase.PUBLISH, learner_step)  # handed over, not yet swapped in
-        self.history.append(PublishRecord(self.version, learner_step, time.perf_counter() - start))
-        return self.version
+        self.engine.publish(params, version)
+        return PublishRecord(
+            version=version, learner_step=learner_step, seconds=time.perf_counter() - start
+        )

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Sequence
 
+from asyncrl.sampling.stats import EngineStats
 from asyncrl.types import Completion, FinishReason, GenerateRequest
 
 Reply = tuple[Sequence[int], FinishReason]
@@ -20,18 +21,32 @@ class ScriptedEngine:
         self.delay_s = delay_s
         self.requests: list[GenerateRequest] = []
         self._version = 0
+        self._closed = False
+        self.stats = EngineStats()
+        self.slots_in_use = 0
 
     @property
     def version(self) -> int:
         return self._version
+
+    @property
+    def exhausted(self) -> bool:
+        return self._closed
+
+    def warmup(self) -> None:
+        return None
 
     def publish(self, params: object, version: int) -> None:
         self._version = version
 
     async def generate(self, request: GenerateRequest) -> Completion:
         self.requests.append(request)
-        if self.delay_s:
-            await asyncio.sleep(self.delay_s)
+        self.slots_in_use += 1
+        try:
+            if self.delay_s:
+                await asyncio.sleep(self.delay_s)
+        finally:
+            self.slots_in_use -= 1
         tokens, reason = self.script(request)
         tokens = tuple(tokens)[: request.params.max_tokens]
         if len(tokens) == request.params.max_tokens and reason == FinishReason.STOP:
@@ -40,6 +55,7 @@ class ScriptedEngine:
                 if tokens and tokens[-1] in request.params.stop_tokens
                 else FinishReason.LENGTH
             )
+        self.stats.generated_tokens += len(tokens)
         return Completion(
             tokens=tokens,
             logprobs=(-1.0,) * len(tokens),
@@ -50,4 +66,4 @@ class ScriptedEngine:
         )
 
     def close(self) -> None:
-        pass
+        self._closed = True

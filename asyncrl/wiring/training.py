@@ -1,0 +1,110 @@
+"""Wiring of a training run: the task stream, the rollout plan, the engine, and resumption.
+
+`stages/train.py` composes these; each is a plain function of the config (and of what it needs),
+so tests and benchmarks build exactly the loop that the train stage runs.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from asyncrl.checkpoint.manager import Checkpointer, CheckpointError
+from asyncrl.checkpoint.train_record import TrainRecord, incompatibilities
+from asyncrl.config import RunConfig, to_yaml
+from asyncrl.envs.tasks import EpochOrder, task_stream
+from asyncrl.learner.learner import Learner
+from asyncrl.model import hf_checkpoint as hf
+from asyncrl.rollout.orchestrator import OrchestratorSettings, RolloutPlan
+from asyncrl.run_layout import RunLayout, Stage
+from asyncrl.sampling.protocol import RolloutEngine
+from asyncrl.wiring.devices import Placement
+from asyncrl.wiring.episodes import Wiring
+
+ADDRESSES_ENV = "ASYNCRL_ROLLOUT_ADDRESSES"  # host:port,host:port of JobSet rollout replicas
+
+
+def training_tasks(cfg: RunConfig) -> EpochOrder:
+    """The training stream: the train split, epoch after epoch, each epoch in its seeded order."""
+    tasks = list(task_stream(cfg.env.tasks, "train", cfg.env.train_size, cfg.env.seed))
+    return EpochOrder(tasks, cfg.seed)
+
+
+def rollout_plan(cfg: RunConfig, wiring: Wiring, engine: RolloutEngine) -> RolloutPlan:
+    """How the training run's episodes run: the orchestrator's settings and the queue's policy."""
+    groups_per_step = cfg.learner.batch_size // cfg.rollout.group_size
+    return RolloutPlan(
+        engine=engine,
+        settings=OrchestratorSettings(
+            group_size=cfg.rollout.group_size,
+            max_concurrency=cfg.rollout.max_concurrency,
+            limits=wiring.limits(),
+            sampling=wiring.sampling(),
+            seed=cfg.seed,
+            cancel_doomed=cfg.rollout.cancel_doomed_groups,
+        ),
+        make_env=wiring.make_env,
+        make_agent=wiring.make_agent,
+        failure_policy=cfg.rollout.failure_policy,
+        max_retries=cfg.rollout.max_retries,
+        max_ready=max(cfg.rollout.max_ready_groups, groups_per_step),
+    )
+
+
+def resume(checkpointer: Checkpointer, learner: Learner, cfg: RunConfig) -> TrainRecord:
+    """Restore the learner from the newest complete checkpoint; a fresh record when there is none.
+
+    Refused (CheckpointError) when the checkpoint was made by a config whose binding keys differ,
+    or when its record does not validate.
+    """
+    step = checkpointer.latest_step()
+    if step is None:
+        return TrainRecord()
+    where = f"checkpoint step {step} at {checkpointer.uri}"
+    saved = TrainRecord.from_json(checkpointer.read_pipeline(step), where)
+    diffs = incompatibilities(saved.config, cfg.to_dict())
+    if diffs:
+        raise CheckpointError(
+            f"{where} was made by an incompatible config:\n  " + "\n  ".join(diffs)
+        )
+    learner.state, _ = checkpointer.restore(learner.state, step)
+    return saved
+
+
+def local_engine(wiring: Wiring, learner: Learner, placement: Placement) -> RolloutEngine:
+    return wiring.engine(
+        learner.model(), placement=placement.engine_sharding, device_lock=placement.device_lock
+    )
+
+
+def remote_engine(cfg: RunConfig, layout: RunLayout, learner: Learner, init_model: str | None):
+    """Rollout replicas in their own processes: local ones started here, or the JobSet's pods,
+    whose addresses come in ASYNCRL_ROLLOUT_ADDRESSES. Returns (engine, local replicas or None)."""
+    from flax import nnx
+
+    from asyncrl.serving.client import RemoteEngine
+    from asyncrl.serving.replica import start_local_replicas
+
+    def save_params(params, folder: Path) -> None:
+        hf.save(nnx.merge(learner.graphdef, params, learner.rest), str(folder))
+
+    given = os.environ.get(ADDRESSES_ENV)
+    replicas = None
+    if given:
+        addresses = [_address(a) for a in given.split(",")]
+    else:
+        config_file = layout.write_text(
+            layout.dir(Stage.TRAIN) / "rollout-config.yaml", to_yaml(cfg)
+        )
+        replicas = start_local_replicas(
+            config_file, cfg.cluster.rollout_replicas, init_model, layout.replicas
+        )
+        addresses = replicas.addresses
+    return RemoteEngine(addresses, layout.weights, save_params), replicas
+
+
+def _address(text: str) -> tuple[str, int]:
+    host, sep, port = text.strip().rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"{ADDRESSES_ENV}: {text!r:.80} is not host:port")
+    return host, int(port)
