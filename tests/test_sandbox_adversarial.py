@@ -334,6 +334,21 @@ def test_the_program_holds_no_privilege(run):
     }
 
 
+def test_the_program_cannot_signal_the_sandbox_init(run):
+    # As root's sandbox the program is another uid (EPERM); as uid 1000 the kernel drops them.
+    status, text = run("""
+        import os, signal, time
+        for s in (signal.SIGINT, signal.SIGTERM, signal.SIGKILL):
+            try:
+                os.kill(1, s)
+            except PermissionError:
+                pass
+        time.sleep(0.2)
+        print("still here")
+    """)
+    assert (status, text) == ("ok", "still here\n")
+
+
 @pytest.mark.parametrize("code", [0, 1, 130, 255])
 def test_exit_codes_map_to_output(run, code):
     status, text = run(f"import sys\nprint('hi')\nsys.exit({code})")

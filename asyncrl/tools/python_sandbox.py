@@ -180,6 +180,9 @@ def _links_on_the_way(path: str, depth: int = 0) -> list[tuple[str, str]]:
         return []
     links, current = [], "/"
     for part in Path(path).parts[1:]:
+        if part == "..":  # `current` is resolved, so its parent is the true parent
+            current = os.path.dirname(current)
+            continue
         step = os.path.join(current, part)
         if os.path.islink(step):
             target = os.readlink(step)

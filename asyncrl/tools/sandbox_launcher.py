@@ -19,7 +19,8 @@ Everything is gone when the namespaces die, so nothing persists between calls.
 
 Identity: the user namespace maps 0->0 (for setup) and 65534->65534 (the program) when the
 trainer is root. Otherwise it maps the trainer's own uid to itself. The program is never uid 0
-there: exec clears its capabilities, no_new_privs is set, and it may not create user namespaces.
+there: exec clears its capabilities and no_new_privs is set. Wherever /proc could be mounted, it
+may not create user namespaces either (when the kernel refuses that mount, /proc stays empty).
 
 A failure before the program starts is reported as {"outcome": "refused", "reason": ...}. The
 program never runs unconfined, and setup errors never reach its output.
@@ -222,6 +223,8 @@ def _program(spec, uid, gid, failed_w):
 
 def _init(spec, program, status, uid, gid):
     """G: PID 1 of the sandbox."""
+    # PID 1 gets only the signals it handles; Python handles SIGINT, which the program could send.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
     os.umask(0o022)
