@@ -2,6 +2,10 @@
 
 Owns the one place that turns a URI into reads and writes, so model import, checkpoints and run
 artifacts accept either kind. It does not cache and keeps no state beyond the lazily made client.
+Invariant: a name from outside (an object listed in a bucket, a part joined onto a URI) never
+leads out of its folder: absolute names, `..` and empty segments are refused with
+`UnsafeObjectName`, and every download target is resolved and checked to stay under its
+destination before any byte is written.
 Against a local emulator the client is pointed by STORAGE_EMULATOR_HOST, which the google library
 itself reads; anonymous credentials are used then because an emulator has no auth.
 """
@@ -13,6 +17,20 @@ import os
 from pathlib import Path
 
 GCS_PREFIX = "gs://"
+
+
+class UnsafeObjectName(ValueError):
+    """An object or path name that would lead outside the folder it belongs to."""
+
+
+def check_relative(name: str, where: str) -> str:
+    """`name` if it is a relative path of plain segments (no "", ".", ".." segment, no NUL)."""
+    if not name or "\x00" in name or any(s in ("", ".", "..") for s in name.split("/")):
+        raise UnsafeObjectName(
+            f"{where}: refused the name {name!r:.120}: a relative path of plain segments is "
+            "required (no leading '/', no '..', '.' or empty segments)"
+        )
+    return name
 
 
 def is_gcs(uri: str) -> bool:
@@ -28,6 +46,10 @@ def split_gcs(uri: str) -> tuple[str, str]:
 
 
 def join(uri: str, *parts: str) -> str:
+    """`uri` with `parts` appended; a part that is absolute or climbs out with `..` is refused."""
+    for part in parts:
+        if part.startswith("/") or ".." in part.split("/"):
+            raise UnsafeObjectName(f"{uri}: refused to join {part!r:.120} (absolute or '..')")
     if is_gcs(uri):
         return "/".join([uri.rstrip("/"), *(p.strip("/") for p in parts)])
     return str(Path(uri, *parts))
@@ -102,17 +124,30 @@ def upload_tree(local_dir: Path, uri: str) -> list[str]:
 
 
 def download_tree(uri: str, local_dir: Path) -> list[str]:
-    """Copy every object under the gs:// prefix `uri` into `local_dir`; returns relative paths."""
+    """Copy every object under the gs:// prefix `uri` into `local_dir`; returns relative paths.
+
+    Every name is checked (and its target resolved inside `local_dir`) before anything is
+    written, so one unsafe name refuses the whole tree. Folder placeholders ("a/") are skipped.
+    """
     bucket, path = split_gcs(uri)
     prefix = f"{path}/" if path else ""
-    names = []
+    dest = Path(local_dir).resolve()
+    planned = []
     for blob in _client().list_blobs(bucket, prefix=prefix):
         name = blob.name[len(prefix) :]
-        target = local_dir / name
+        where = f"gs://{bucket}/{blob.name}"
+        if not name or name.endswith("/"):  # a folder marker (console-made): nothing to write
+            if name:
+                check_relative(name[:-1], where)
+            continue
+        target = (dest / check_relative(name, where)).resolve()
+        if not target.is_relative_to(dest):  # a symlink already under local_dir leads out
+            raise UnsafeObjectName(f"{where}: would be written outside {local_dir}")
+        planned.append((blob, name, target))
+    for blob, _, target in planned:
         target.parent.mkdir(parents=True, exist_ok=True)
         blob.download_to_filename(str(target))
-        names.append(name)
-    return sorted(names)
+    return sorted(name for _, name, _ in planned)
 
 
 def delete_tree(uri: str) -> None:
