@@ -164,11 +164,14 @@ def _cmd_gate(args: argparse.Namespace) -> int:
 def _cmd_pipeline_compile(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from asyncrl.pipeline.remote import compile_pipeline
+    from asyncrl.pipeline.remote import compile_components, compile_pipeline
 
     for config in args.configs:
         path = compile_pipeline(load_config(config), Path(args.out))
         print(f"compiled {config} -> {path}")
+    if args.components:  # the components of the first config's runtime image
+        for path in compile_components(load_config(args.configs[0]), Path(args.components)):
+            print(f"compiled component -> {path}")
     return 0
 
 
@@ -299,6 +302,9 @@ def build_parser() -> argparse.ArgumentParser:
     comp = pipe_sub.add_parser("compile", help="compile to YAML (default pipelines/compiled/)")
     comp.add_argument("configs", nargs="+", help="configs whose cluster settings to compile for")
     comp.add_argument("--out", default="pipelines/compiled")
+    comp.add_argument(
+        "--components", default="components", help="where component specs go ('' = none)"
+    )
     comp.set_defaults(func=_cmd_pipeline_compile)
     submit = pipe_sub.add_parser("submit", help="start a run on a KFP endpoint")
     _config_args(submit)

@@ -211,7 +211,7 @@ def test_two_process_jax_distributed_step_is_consistent_and_equals_one_process(t
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     procs = [
         subprocess.Popen(
-            [sys.executable, "-m", "asyncrl.cloud.distributed", "--selftest"],
+            [sys.executable, "-m", "asyncrl.testing.multihost", "--selftest"],
             env=env
             | {
                 "JAX_PLATFORMS": "cpu",
@@ -237,7 +237,7 @@ def test_two_process_jax_distributed_step_is_consistent_and_equals_one_process(t
     assert results[0]["loss"] == results[1]["loss"]
     assert results[0]["params_digest"] == results[1]["params_digest"]
     single = subprocess.run(
-        [sys.executable, "-m", "asyncrl.cloud.distributed", "--selftest"],
+        [sys.executable, "-m", "asyncrl.testing.multihost", "--selftest"],
         env=env | {"JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_force_host_platform_device_count=2"},
         capture_output=True,
         text=True,

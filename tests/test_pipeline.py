@@ -11,6 +11,7 @@ import yaml
 from asyncrl.config import load_config, to_yaml
 from asyncrl.config.ops import ALL_STAGES
 from asyncrl.pipeline import remote
+from asyncrl.pipeline.components import FUNCTIONS
 from asyncrl.run_layout import RunLayout
 from asyncrl.stages.model_check import ModelCheckResult
 from asyncrl.stages.provision import TeardownResult
@@ -195,3 +196,19 @@ def test_each_component_function_runs_on_its_own(tmp_path):
 
     c.teardown.python_func(config_yaml=text, job_id="job-1", status=Status())
     assert layout.read(TeardownResult).pipeline_state == "SUCCEEDED"
+
+
+def test_component_specs_are_compiled_snapshots_and_load_as_components(tmp_path):
+    """Regenerate: `asyncrl pipeline compile configs/local.yaml configs/qwen2.5-0.5b-v6e.yaml`."""
+    from kfp import components as kfp_components
+
+    cfg = load_config(ROOT / "configs/local.yaml")
+    fresh = remote.compile_components(cfg, tmp_path)
+    names = [p.parent.name for p in fresh]
+    assert names == [f.__name__ for f in FUNCTIONS] and "promote" in names
+    for path in fresh:
+        snapshot = ROOT / "components" / path.parent.name / "component.yaml"
+        assert path.read_text() == snapshot.read_text(), f"{snapshot} is stale: recompile it"
+        loaded = kfp_components.load_component_from_file(str(snapshot))
+        assert loaded.name == path.parent.name.replace("_", "-")
+        assert "config_yaml" in loaded.component_spec.inputs

@@ -15,6 +15,7 @@ from pathlib import Path
 from asyncrl.config import RunConfig, to_yaml
 
 COMPILED_DIR = Path("pipelines/compiled")
+COMPONENTS_DIR = Path("components")
 SUCCEEDED = "SUCCEEDED"
 
 
@@ -35,6 +36,23 @@ def compile_pipeline(cfg: RunConfig, out_dir: Path = COMPILED_DIR) -> Path:
     path = out_dir / compiled_name(cfg)
     compiler.Compiler().compile(build_pipeline(cfg), str(path))
     return path
+
+
+def compile_components(cfg: RunConfig, out_dir: Path = COMPONENTS_DIR) -> list[Path]:
+    """Each stage's component as a reusable spec, `<out_dir>/<stage>/component.yaml`, on the
+    config's runtime image (what `kfp.components.load_component_from_file` reads)."""
+    from kfp import compiler
+
+    from asyncrl.pipeline.components import FUNCTIONS, components
+
+    made = components(cfg.cluster.image)
+    paths = []
+    for f in FUNCTIONS:
+        path = out_dir / f.__name__ / "component.yaml"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        compiler.Compiler().compile(getattr(made, f.__name__), str(path))
+        paths.append(path)
+    return paths
 
 
 @dataclass(frozen=True, slots=True)

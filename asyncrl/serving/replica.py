@@ -58,12 +58,21 @@ def serve(
 
     from asyncrl.model import build_model
     from asyncrl.model import hf_checkpoint as hf
-    from asyncrl.wiring.episodes import Wiring
+    from asyncrl.sampling.engine import Engine
+    from asyncrl.tokenize import build_tokenizer
 
     model = build_model(cfg.model, seed=cfg.seed)
     if init_model:
         hf.load_into(model, init_model)
-    engine = Wiring.of(cfg).engine(model)
+    tokenizer = build_tokenizer(cfg.tokenizer)
+    engine = Engine(  # as wiring/episodes.py builds it for the in-process placements
+        model,
+        cfg.rollout,
+        max_len=cfg.env.max_context,
+        vocab_limit=tokenizer.vocab_size,
+        decode_text=tokenizer.decode,
+        seed=cfg.seed,
+    )
     engine.warmup()
 
     def load_params(path: str):
