@@ -81,11 +81,29 @@ def function_schema(fn: Callable[..., object]) -> tuple[str, dict[str, object]]:
     return description, schema
 
 
+_VALIDATORS: dict[int, tuple[Mapping[str, object], jsonschema.protocols.Validator]] = {}
+_MAX_VALIDATORS = 256
+
+
+def _validator(schema: Mapping[str, object]) -> jsonschema.protocols.Validator:
+    """The compiled validator of a tool's schema, checked and built once per schema object (a
+    tool's schema lives as long as the tool; `jsonschema.validate` would redo both every call)."""
+    cached = _VALIDATORS.get(id(schema))
+    if cached is not None and cached[0] is schema:
+        return cached[1]
+    cls = jsonschema.validators.validator_for(dict(schema))
+    cls.check_schema(dict(schema))
+    validator = cls(dict(schema))
+    if len(_VALIDATORS) >= _MAX_VALIDATORS:
+        _VALIDATORS.clear()
+    _VALIDATORS[id(schema)] = (schema, validator)
+    return validator
+
+
 def validate_arguments(schema: Mapping[str, object], arguments: object) -> str | None:
     """None when `arguments` fits `schema`, else one readable sentence saying what is wrong."""
-    try:
-        jsonschema.validate(arguments, dict(schema))
-    except jsonschema.ValidationError as e:
-        where = ".".join(str(p) for p in e.absolute_path)
-        return f"{where + ': ' if where else ''}{e.message}"
-    return None
+    error = jsonschema.exceptions.best_match(_validator(schema).iter_errors(arguments))
+    if error is None:
+        return None
+    where = ".".join(str(p) for p in error.absolute_path)
+    return f"{where + ': ' if where else ''}{error.message}"
