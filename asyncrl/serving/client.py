@@ -46,6 +46,7 @@ DEFAULT_REPLY_BYTES = 64 * 2**20
 REQUEST_ERRORS = frozenset(
     {
         ErrorCode.BUSY,
+        ErrorCode.TIMEOUT,
         ErrorCode.TOO_LARGE,
         ErrorCode.BAD_REQUEST,
         ErrorCode.PROMPT_TOO_LONG,
@@ -192,7 +193,7 @@ class RemoteEngine:
             text = str(reply.get("message", ""))[:200]
         except WireError as e:
             code, text = e.code, e.message
-        except (OSError, TimeoutError, EOFError):
+        except (OSError, TimeoutError):
             code, text = ErrorCode.ENGINE_CLOSED, "no answer (refused, reset or timed out)"
         except ValueError:  # an error code this client does not know
             code, text = ErrorCode.BAD_REPLY, "an unknown error code"
@@ -237,6 +238,8 @@ class RemoteEngine:
     def _notify(self, version: int) -> None:
         message = {"op": "publish", "version": version, "path": weights.folder_name(version)}
         with self._publishing:
+            if version < self._version:  # a newer publish is (or was) announced: never go back
+                return
             for replica in self.live:
                 try:
                     asyncio.run(self._call(replica, message, self.settings.publish_timeout_s))
