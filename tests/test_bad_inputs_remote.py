@@ -80,14 +80,16 @@ class FakeEngine:
 
 
 @contextlib.contextmanager
-def served(engine=None, *, root: Path | None = None, settings=FAST, load_params=None):
+def served(
+    engine=None, *, root: Path | None = None, settings=FAST, load_params=None, limits=LIMITS
+):
     """A RolloutServer on a loopback port, served from a background thread's event loop."""
     engine = engine if engine is not None else FakeEngine()
     server = RolloutServer(
         engine,
         load_params or (lambda path: ("params", path)),
         token=Token(SECRET),
-        limits=LIMITS,
+        limits=limits,
         weights_root=root or Path(tempfile.gettempdir()) / "no-such-weights-root",
         settings=settings,
     )
@@ -345,6 +347,39 @@ def test_a_peer_that_hangs_up_frees_its_slot():
         time.sleep(0.2)
         s.close()
         assert engine.cancelled.wait(5)
+
+
+def test_the_real_engine_survives_what_used_to_kill_it():
+    """top_k and token ids beyond int32 once reached the decode thread's int32 arrays and closed
+    the engine for good while health said ok; now they are refused and the engine serves on."""
+    from asyncrl.model import build_model
+    from asyncrl.sampling.engine import Engine
+
+    cfg = micro_config(
+        "rollout.engine_slots=1",
+        "rollout.prefill_buckets=[8]",
+        "rollout.attention_windows=[32]",
+        "env.max_context=32",
+    )
+    model = build_model(cfg.model, seed=0)
+    engine = Engine(model, cfg.rollout, max_len=32, seed=0)
+    limits = WireLimits(vocab_size=model.cfg.vocab_size, max_len=32)
+    try:
+        with served(engine, limits=limits) as server:
+            bad = [
+                ask(server.port, {"op": "generate", "request": good_request(top_k=2**40)}),
+                ask(
+                    server.port,
+                    {"op": "generate", "request": {**good_request(), "prompt": [2**31]}},
+                ),
+            ]
+            good = ask(server.port, {"op": "generate", "request": good_request()})
+            health = ask(server.port, {"op": "health"})
+    finally:
+        engine.close()
+    assert [r["error"] for r in bad] == ["bad_request", "bad_request"]
+    assert good["ok"] and 1 <= len(good["completion"]["tokens"]) <= 4
+    assert health == {"ok": True, "version": 0, "slots_in_use": 0}
 
 
 # -- a closed engine -----------------------------------------------------------------------------
@@ -614,6 +649,9 @@ def _read_line(fd: int, timeout_s: float = 20) -> str:
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="switching to uid 1000 needs root")
+# JAX warns on any fork once it has threads; the child never touches JAX, and a hung child is
+# killed when the parent's 20 s read deadline passes, so a deadlock fails the test, never hangs it.
+@pytest.mark.filterwarnings("ignore:os.fork\\(\\) was called:RuntimeWarning")
 def test_the_server_runs_as_uid_1000_and_refuses_a_token_it_cannot_read():
     home = Path(tempfile.mkdtemp(prefix="asyncrl-uid1000-"))
     os.chmod(home, 0o711)
