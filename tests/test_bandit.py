@@ -69,10 +69,20 @@ def _groups(seq, logp, prompts_per_step) -> list[Group]:
     return groups
 
 
-@pytest.mark.parametrize("loss", ["grpo", "dr_grpo", "dapo", "gspo"])
-def test_each_loss_solves_the_bandit_from_a_random_model(loss):
+@pytest.mark.parametrize(
+    ("loss", "clip_against", "minibatches"),
+    [
+        ("grpo", "behaviour", 1),
+        ("dr_grpo", "behaviour", 1),
+        ("dapo", "proximal", 2),  # decoupled PPO (AReaL): two updates per batch
+        ("gspo", "behaviour", 1),
+    ],
+)
+def test_each_loss_solves_the_bandit_from_a_random_model(loss, clip_against, minibatches):
     cfg = micro_config(
         f"learner.loss={loss}",
+        f"learner.clip_against={clip_against}",
+        f"learner.minibatches={minibatches}",
         f"learner.batch_size={PROMPTS * GROUP}",
         "learner.lr=1e-2",
     )
@@ -80,20 +90,22 @@ def test_each_loss_solves_the_bandit_from_a_random_model(loss):
     rng = np.random.default_rng(0)
     prompts = jnp.asarray(np.repeat(rng.integers(1, VOCAB, (PROMPTS, PROMPT_LEN)), GROUP, 0))
     key = jax.random.key(0)
-    expected = []
+    expected, clip_fracs = [], []
     for step in range(MAX_STEPS):
+        params = learner.state.params
         seq, logp, good = _sample(
-            learner.graphdef,
-            learner.state.params,
-            learner.rest,
-            prompts,
-            jax.random.fold_in(key, step),
+            learner.graphdef, params, learner.rest, prompts, jax.random.fold_in(key, step)
         )
         expected.append(float(good.mean()))
         if expected[-1] >= TARGET:
             break
-        learner.rl_step(
-            learner.batch_from_groups(_groups(np.asarray(seq), np.asarray(logp), PROMPTS))
-        )
+        groups = _groups(np.asarray(seq), np.asarray(logp), PROMPTS)
+        metrics = learner.rl_step(learner.batch_from_groups(groups))
+        clip_fracs.append(metrics["clip_frac"])
     assert expected[0] < 0.6, "the random model starts near chance"
     assert expected[-1] >= TARGET, f"{loss}: expected reward per step {np.round(expected, 3)}"
+    assert learner.step == len(clip_fracs) and metrics["lr"] == pytest.approx(1e-2)
+    if minibatches == 1:  # sync and on-policy: the ratio to the behaviour policy stays 1
+        assert max(clip_fracs) == 0.0
+    else:  # the second update of a batch moves away from the proximal policy: the clip acts
+        assert max(clip_fracs) > 0.0

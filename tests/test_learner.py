@@ -240,8 +240,8 @@ ON_POLICY_TOL = 1e-4
 ENGINE_VOCAB = 272  # the byte tokenizer's sampleable ids; the micro model has 320 rows
 
 
-def _engine_groups(model, cfg, temperature, n_groups=2, seed=0):
-    """Groups sampled by the real engine at `temperature` (prompt tokens carry mask 0)."""
+def _engine_groups(model, cfg, temperatures, n_groups=2, seed=0):
+    """Groups sampled by the real engine, n_groups per temperature (prompt tokens carry mask 0)."""
     import asyncio
 
     from asyncrl.sampling.engine import Engine
@@ -249,17 +249,17 @@ def _engine_groups(model, cfg, temperature, n_groups=2, seed=0):
 
     rng = np.random.default_rng(seed)
     prompts = [tuple(int(x) for x in rng.integers(1, 250, 5 + 3 * g)) for g in range(n_groups)]
-    group_size = cfg.rollout.group_size
+    size = cfg.rollout.group_size
+    jobs = [(temp, g, i) for temp in temperatures for g in range(n_groups) for i in range(size)]
     engine = Engine(model, cfg.rollout, max_len=256, vocab_limit=ENGINE_VOCAB)
 
     async def sample():
         requests = [
             GenerateRequest(
-                prompt=p,
-                params=SamplingParams(max_tokens=24, temperature=temperature, seed=100 * g + i),
+                prompt=prompts[g],
+                params=SamplingParams(max_tokens=24, temperature=temp, seed=100 * g + i),
             )
-            for g, p in enumerate(prompts)
-            for i in range(group_size)
+            for temp, g, i in jobs
         ]
         return await asyncio.gather(*[engine.generate(r) for r in requests])
 
@@ -267,43 +267,100 @@ def _engine_groups(model, cfg, temperature, n_groups=2, seed=0):
         completions = asyncio.run(sample())
     finally:
         engine.close()
-    groups = []
-    for g, p in enumerate(prompts):
-        members = []
-        for i in range(group_size):
-            c = completions[g * group_size + i]
-            members.append(
-                Trajectory(
-                    id=f"{g}.{i}",
-                    group_id=f"g{g}",
-                    task_id="t",
-                    tokens=p + c.tokens,
-                    loss_mask=(0,) * len(p) + (1,) * len(c.tokens),
-                    logprobs=(0.0,) * len(p) + c.logprobs,
-                    versions=(-1,) * len(p) + c.versions,
-                    reward=float(i % 2),
-                )
+    members: dict[tuple[float, int], list[Trajectory]] = {}
+    for (temp, g, i), c in zip(jobs, completions, strict=True):
+        p = prompts[g]
+        members.setdefault((temp, g), []).append(
+            Trajectory(
+                id=f"{temp}.{g}.{i}",
+                group_id=f"{temp}.{g}",
+                task_id="t",
+                tokens=p + c.tokens,
+                loss_mask=(0,) * len(p) + (1,) * len(c.tokens),
+                logprobs=(0.0,) * len(p) + c.logprobs,
+                versions=(-1,) * len(p) + c.versions,
+                reward=float(i % 2),
             )
-        groups.append(Group(group_id=f"g{g}", number=g, task_id="t", trajectories=tuple(members)))
-    return groups
+        )
+    return {
+        temp: [
+            Group(
+                group_id=f"{temp}.{g}", number=g, task_id="t", trajectories=tuple(members[temp, g])
+            )
+            for g in range(n_groups)
+        ]
+        for temp in temperatures
+    }
 
 
-@pytest.mark.parametrize("temperature", [1.0, 0.7])
-def test_on_policy_ratio_is_one_for_every_token(temperature):
-    cfg = micro_config("rollout.engine_slots=8")
-    model = build_model(cfg.model, seed=3)
-    groups = _engine_groups(model, cfg, temperature)
-    exact = Learner(
-        model, cfg.learner, max_len=256, vocab_limit=ENGINE_VOCAB, temperature=temperature
-    )
-    batch = exact.batch_from_groups(groups)
+def _max_ratio_gap(model, cfg, groups, **scoring):
+    learner = Learner(model, cfg.learner, max_len=256, **scoring)
+    batch = learner.batch_from_groups(groups)
     mask = np.asarray(batch.mask) > 0
-    assert mask.sum() == 8 * 24
-    ratio = np.exp(exact.score(batch) - np.asarray(batch.behaviour))[mask]
-    assert np.max(np.abs(ratio - 1)) <= ON_POLICY_TOL
-    # The relation can fail: scoring over the whole vocabulary at temperature 1 is off.
-    naive = Learner(model, cfg.learner, max_len=256)
-    naive_ratio = np.exp(naive.score(batch) - np.asarray(batch.behaviour))[mask]
-    assert np.max(np.abs(naive_ratio - 1)) > 100 * ON_POLICY_TOL
-    metrics = exact.rl_step(batch)
-    assert metrics["clip_frac"] == 0.0 and abs(metrics["is_ratio"] - 1) <= ON_POLICY_TOL
+    assert mask.sum() == len(groups) * cfg.rollout.group_size * 24
+    return np.max(np.abs(np.exp(learner.score(batch) - np.asarray(batch.behaviour))[mask] - 1))
+
+
+def test_on_policy_ratio_is_one_for_every_token_at_any_temperature():
+    cfg = micro_config("rollout.engine_slots=16")
+    model = build_model(cfg.model, seed=3)
+    sampled = _engine_groups(model, cfg, (1.0, 0.7))
+    for temperature, groups in sampled.items():
+        exact = dict(vocab_limit=ENGINE_VOCAB, temperature=temperature)
+        assert _max_ratio_gap(model, cfg, groups, **exact) <= ON_POLICY_TOL
+    # The relations can fail: the whole vocabulary, or temperature 1 for T = 0.7 samples, is off.
+    assert _max_ratio_gap(model, cfg, sampled[1.0]) > 100 * ON_POLICY_TOL
+    wrong_t = dict(vocab_limit=ENGINE_VOCAB, temperature=1.0)
+    assert _max_ratio_gap(model, cfg, sampled[0.7], **wrong_t) > 100 * ON_POLICY_TOL
+
+
+RATIOS = np.array([0.5, 0.75, 0.85, 1.0, 1.1, 1.3, 1.9, 2.5], np.float32)
+
+
+def _grid(name, against, correction):
+    """Per-row gradient of the loss for each (ratio, advantage sign), one sampled row each."""
+    r = np.concatenate([RATIOS, RATIOS])
+    adv = np.concatenate([np.ones(8), -np.ones(8)]).astype(np.float32)
+    width = 3 if name == "gspo" else 1  # gspo: the row's geometric mean is the ratio
+    logp = np.repeat(np.log(r)[:, None], width, 1)
+    s = dataclasses.replace(_settings(name, correction), clip_against=against)
+    zeros = np.zeros_like(logp)
+
+    def loss_of(lp):
+        x = LossInputs(
+            logp=lp,
+            behaviour=jnp.asarray(zeros),
+            mask=jnp.ones_like(lp),
+            advantages=jnp.asarray(adv),
+            n_sequences=jnp.float32(16),
+            n_tokens=jnp.float32(16 * width),
+            proximal=jnp.asarray(zeros),
+        )
+        return policy_loss(x, s)
+
+    grads, metrics = jax.grad(loss_of, has_aux=True)(jnp.asarray(logp))
+    return r, adv, np.asarray(grads), metrics
+
+
+@pytest.mark.parametrize("name", ["dapo", "gspo"])
+@pytest.mark.parametrize("correction", ["none", "tis", "mis"])
+def test_clipped_gradient_vanishes_exactly_where_the_papers_say(name, correction):
+    # Behaviour mode, C = 2, ε = 0.2: the PPO clip (per token; gspo per sequence) removes the
+    # gradient where the advantage pushes the ratio further out of [0.8, 1.2]; the dual clip
+    # (tis) also where A < 0 and r > C; mis drops every token with r > C.
+    r, adv, grads, metrics = _grid(name, "behaviour", correction)
+    clip = ((adv > 0) & (r > 1.2)) | ((adv < 0) & (r < 0.8))
+    if correction == "tis":
+        clip |= (adv < 0) & (r > 2)
+    vanish = clip | (r > 2) if correction == "mis" else clip
+    assert np.all((grads == 0).all(1) == vanish)
+    assert np.all(np.sign(grads[~vanish]) == -np.sign(adv[~vanish])[:, None])
+    width = grads.shape[1]
+    assert float(metrics["clip_frac_sum"]) == clip.sum() * width
+
+
+def test_proximal_mode_clips_against_the_proximal_policy_and_weights_by_behaviour():
+    r, adv, grads, _ = _grid("dapo", "proximal", "tis")  # behaviour = proximal: w = 1
+    vanish = ((adv > 0) & (r > 1.2)) | ((adv < 0) & (r < 0.8))
+    assert np.all((grads[:, 0] == 0) == vanish)
+    np.testing.assert_allclose(grads[~vanish, 0], -(adv * r)[~vanish] / 16, rtol=1e-6)

@@ -26,11 +26,12 @@ from asyncrl.learner.losses import LossSettings
 from asyncrl.learner.optimizer import OptimizerSettings, make_optimizer
 from asyncrl.learner.step import (
     Scoring,
+    StepConfig,
     TrainState,
     init_state,
     make_rl_step,
     make_sft_step,
-    token_logprobs,
+    score_batch,
 )
 from asyncrl.model import Transformer
 from asyncrl.model.sharding import copy_state, shard_model
@@ -70,18 +71,19 @@ class Learner:
         self.state: TrainState = init_state(copy_state(params), tx)
         self.reference = copy_state(params) if cfg.kl_coef > 0 and sft is None else None
         self.scoring = Scoring(vocab_limit=vocab_limit, temperature=temperature or 1.0)
-        self._rl_step = make_rl_step(
-            self.graphdef,
-            self.rest,
-            tx,
-            self.schedule,
-            LossSettings.of(cfg),
-            self.scoring,
+        rl_config = StepConfig(
+            graphdef=self.graphdef,
+            optimizer=settings,
+            scoring=self.scoring,
+            settings=LossSettings.of(cfg),
             minibatches=cfg.minibatches,
         )
-        sft_scoring = Scoring(vocab_limit=vocab_limit)
-        self._sft_step = make_sft_step(self.graphdef, self.rest, tx, self.schedule, sft_scoring)
-        self._score: Callable | None = None
+        self._rl_step = make_rl_step(rl_config, self.rest)
+        sft_config = StepConfig(
+            graphdef=self.graphdef, optimizer=settings, scoring=Scoring(vocab_limit=vocab_limit)
+        )
+        self._sft_step = make_sft_step(sft_config, self.rest)
+        self._score_config = rl_config
 
     @property
     def step(self) -> int:
@@ -130,20 +132,12 @@ class Learner:
         self.state, metrics = self._sft_step(self.state, self._place(batch))
         return {k: float(v) for k, v in metrics.items()}
 
-    def score(self, batch: TrainBatch) -> np.ndarray:
-        """log π_θ of every target of `batch` ([M, R, T]) as the RL step scores it (no update)."""
-        if self._score is None:
-
-            def score(params, arrays):
-                def one(mb):
-                    return token_logprobs(self.graphdef, params, self.rest, *mb, self.scoring)[0]
-
-                return jax.lax.map(one, arrays)
-
-            self._score = jax.jit(score)
-        batch = self._place(batch)
-        arrays = (batch.inputs, batch.positions, batch.valid, batch.targets)
-        return np.asarray(self._score(self.state.params, arrays))
+    def score(self, batch: TrainBatch, params: nnx.State | None = None) -> np.ndarray:
+        """log π of every target of `batch` ([M, R, T]) as the RL step scores it, under the
+        current parameters or `params` (e.g. `reference`); no update."""
+        params = self.state.params if params is None else params
+        placed = self._place(batch)
+        return np.asarray(score_batch(params, self.rest, placed, c=self._score_config))
 
     def params_copy(self) -> nnx.State:
         return copy_state(self.state.params)

@@ -1,12 +1,13 @@
 """The jitted training steps: state in, state out (RL and supervised), with gradient accumulation.
 
 The NNX model is split once into (graph, trainable params, other variables); a step merges them
-inside `jax.jit`, accumulates gradients over the batch's micro-batches with `lax.scan` (each
-micro-batch's loss already carries the whole (mini-)batch's normaliser, so the sum is the
-(mini-)batch gradient), clips, applies the Optax update and returns metrics. An RL step makes one
-update per mini-batch (`minibatches`); the old policy of its ratios stays that of the step's start.
-The state is donated; whoever needs the parameters after a step (the weight publisher) takes a
-copy first.
+inside `jax.jit` (one module-level jit per step kind, keyed by a hashable `StepConfig`: equal
+configurations compile once per process), accumulates gradients over the batch's micro-batches
+with `lax.scan` (each micro-batch's loss already carries the whole (mini-)batch's normaliser, so
+the sum is the (mini-)batch gradient), clips, applies the Optax update and returns metrics. An RL
+step makes one update per mini-batch (`minibatches`); the old policy of its ratios stays that of
+the step's start. The state is donated; whoever needs the parameters after a step (the weight
+publisher) takes a copy first.
 
 Scoring matches the engine's sampling exactly: the log-softmax runs over the ids the engine can
 sample (`vocab_limit`) of the logits divided by the rollout temperature, so an on-policy token's
@@ -16,7 +17,9 @@ penalty are not reproduced: with those on, the off-policy correction absorbs the
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import jax
 import jax.numpy as jnp
@@ -25,6 +28,7 @@ from flax import nnx, struct
 
 from asyncrl.learner.batching import TrainBatch
 from asyncrl.learner.losses import LossInputs, LossSettings, policy_loss, sft_loss
+from asyncrl.learner.optimizer import OptimizerSettings, make_optimizer
 
 MICRO_FIELDS = ("inputs", "targets", "positions", "valid", "mask", "behaviour", "advantages")
 
@@ -105,86 +109,107 @@ def _normalisers(mask: jax.Array) -> tuple[jax.Array, jax.Array]:
     return jnp.maximum((mask.sum(-1) > 0).sum(), 1).astype(jnp.float32), mask.sum()
 
 
-def make_rl_step(
-    graphdef,
-    rest,
-    tx,
-    schedule,
-    settings: LossSettings,
-    scoring: Scoring | None = None,
-    minibatches: int = 1,
-):
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StepConfig:
+    """Everything static about a step (hashable): equal configurations share one compilation,
+    across Learner instances too."""
+
+    graphdef: nnx.GraphDef
+    optimizer: OptimizerSettings
+    scoring: Scoring
+    settings: LossSettings | None = None  # RL only
+    minibatches: int = 1
+
+
+def make_rl_step(c: StepConfig, rest):
     """`step(state, batch, ref_params) -> (state, metrics)`; `ref_params` may be None."""
-    recompute = settings.clip_against == "proximal" and minibatches > 1
-
-    def score(params, mb):
-        args = (mb["inputs"], mb["positions"], mb["valid"], mb["targets"])
-        return token_logprobs(graphdef, params, rest, *args, scoring)
-
-    def step(state: TrainState, batch: TrainBatch, ref_params):
-        def loss_of(params, mb):
-            logp, entropy = score(params, mb)
-            ref = None if ref_params is None else jax.lax.stop_gradient(score(ref_params, mb)[0])
-            proximal = mb["proximal"] if recompute else jax.lax.stop_gradient(logp)
-            x = LossInputs(
-                logp=logp,
-                behaviour=mb["behaviour"],
-                mask=mb["mask"],
-                advantages=mb["advantages"],
-                n_sequences=mb["n_sequences"],
-                n_tokens=mb["n_tokens"],
-                proximal=proximal if settings.clip_against == "proximal" else None,
-                ref_logp=ref,
-            )
-            loss, metrics = policy_loss(x, settings)
-            metrics["entropy_sum"] = (jax.lax.stop_gradient(entropy) * mb["mask"]).sum()
-            return loss, metrics
-
-        micro = {f: getattr(batch, f) for f in MICRO_FIELDS}
-        if recompute:  # π_prox: the parameters as the batch is consumed, before any update
-            micro["proximal"] = jax.lax.map(lambda mb: score(state.params, mb)[0], micro)
-        # [M, ...] -> [k, M/k, ...]: mini-batch j is the j-th run of M/k micro-batches.
-        minis = jax.tree.map(lambda a: a.reshape(minibatches, -1, *a.shape[1:]), micro)
-        n_seq, n_tok = jax.vmap(_normalisers)(minis["mask"])
-        per_micro = minis["mask"].shape[1]
-        minis["n_sequences"] = jnp.repeat(n_seq[:, None], per_micro, axis=1)
-        minis["n_tokens"] = jnp.repeat(n_tok[:, None], per_micro, axis=1)
-
-        def one_update(carry, mini):
-            params, opt_state = carry
-            loss, grads, sums = _accumulate(loss_of, params, mini)
-            params, opt_state = _update(tx, params, opt_state, grads)
-            return (params, opt_state), (loss, optax.tree.norm(grads), sums)
-
-        (params, opt_state), (losses, norms, sums) = jax.lax.scan(
-            one_update, (state.params, state.opt_state), minis
-        )
-        sums = {k: v.max() if k.endswith("_max") else v.sum() for k, v in sums.items()}
-        lr = schedule(state.step * minibatches)
-        metrics = _metrics(losses.mean(), norms.mean(), lr, sums, n_tok.sum())
-        metrics["no_signal_share"] = batch.no_signal_share
-        return TrainState(params=params, opt_state=opt_state, step=state.step + 1), metrics
-
-    return jax.jit(step, donate_argnums=0)
+    return functools.partial(_rl_step, rest=rest, c=c)
 
 
-def make_sft_step(graphdef, rest, tx, schedule, scoring: Scoring | None = None):
+def make_sft_step(c: StepConfig, rest):
     """`step(state, batch) -> (state, metrics)`: next-token NLL on the batch's masked tokens."""
+    return functools.partial(_sft_step, rest=rest, c=c)
 
-    def step(state: TrainState, batch: TrainBatch):
-        def loss_of(params, mb):
-            args = (mb["inputs"], mb["positions"], mb["valid"], mb["targets"])
-            logp, _ = token_logprobs(graphdef, params, rest, *args, scoring)
-            correct = (logp > jnp.log(0.5)) * mb["mask"]
-            return sft_loss(logp, mb["mask"], batch.n_tokens), {"confident_sum": correct.sum()}
 
-        micro = {f: getattr(batch, f) for f in MICRO_FIELDS}
-        loss, grads, sums = _accumulate(loss_of, state.params, micro)
-        params, opt_state = _update(tx, state.params, state.opt_state, grads)
-        metrics = _metrics(loss, optax.tree.norm(grads), schedule(state.step), sums, batch.n_tokens)
-        return TrainState(params=params, opt_state=opt_state, step=state.step + 1), metrics
+def _score(c: StepConfig, params, rest, mb):
+    args = (mb["inputs"], mb["positions"], mb["valid"], mb["targets"])
+    return token_logprobs(c.graphdef, params, rest, *args, c.scoring)
 
-    return jax.jit(step, donate_argnums=0)
+
+@functools.partial(jax.jit, static_argnames="c")
+def score_batch(params, rest, batch: TrainBatch, *, c: StepConfig) -> jax.Array:
+    """log π of every target of the batch ([M, R, T]), as the steps score it."""
+    micro = {f: getattr(batch, f) for f in ("inputs", "positions", "valid", "targets")}
+    return jax.lax.map(lambda mb: _score(c, params, rest, mb)[0], micro)
+
+
+@functools.partial(jax.jit, static_argnames="c", donate_argnums=0)
+def _rl_step(state: TrainState, batch: TrainBatch, ref_params, *, rest, c: StepConfig):
+    settings, k = c.settings, c.minibatches
+    tx, schedule = make_optimizer(c.optimizer)
+    recompute = settings.clip_against == "proximal" and k > 1
+
+    def loss_of(params, mb):
+        logp, entropy = _score(c, params, rest, mb)
+        ref = (
+            None
+            if ref_params is None
+            else jax.lax.stop_gradient(_score(c, ref_params, rest, mb)[0])
+        )
+        proximal = mb["proximal"] if recompute else jax.lax.stop_gradient(logp)
+        x = LossInputs(
+            logp=logp,
+            behaviour=mb["behaviour"],
+            mask=mb["mask"],
+            advantages=mb["advantages"],
+            n_sequences=mb["n_sequences"],
+            n_tokens=mb["n_tokens"],
+            proximal=proximal if settings.clip_against == "proximal" else None,
+            ref_logp=ref,
+        )
+        loss, metrics = policy_loss(x, settings)
+        metrics["entropy_sum"] = (jax.lax.stop_gradient(entropy) * mb["mask"]).sum()
+        return loss, metrics
+
+    micro = {f: getattr(batch, f) for f in MICRO_FIELDS}
+    if recompute:  # π_prox: the parameters as the batch is consumed, before any update
+        micro["proximal"] = jax.lax.map(lambda mb: _score(c, state.params, rest, mb)[0], micro)
+    # [M, ...] -> [k, M/k, ...]: mini-batch j is the j-th run of M/k micro-batches.
+    minis = jax.tree.map(lambda a: a.reshape(k, -1, *a.shape[1:]), micro)
+    n_seq, n_tok = jax.vmap(_normalisers)(minis["mask"])
+    per_mini = minis["mask"].shape[1]
+    minis["n_sequences"] = jnp.repeat(n_seq[:, None], per_mini, axis=1)
+    minis["n_tokens"] = jnp.repeat(n_tok[:, None], per_mini, axis=1)
+
+    def one_update(carry, mini):
+        params, opt_state = carry
+        loss, grads, sums = _accumulate(loss_of, params, mini)
+        params, opt_state = _update(tx, params, opt_state, grads)
+        return (params, opt_state), (loss, optax.tree.norm(grads), sums)
+
+    (params, opt_state), (losses, norms, sums) = jax.lax.scan(
+        one_update, (state.params, state.opt_state), minis
+    )
+    sums = {key: v.max() if key.endswith("_max") else v.sum() for key, v in sums.items()}
+    metrics = _metrics(losses.mean(), norms.mean(), schedule(state.step * k), sums, n_tok.sum())
+    metrics["no_signal_share"] = batch.no_signal_share
+    return TrainState(params=params, opt_state=opt_state, step=state.step + 1), metrics
+
+
+@functools.partial(jax.jit, static_argnames="c", donate_argnums=0)
+def _sft_step(state: TrainState, batch: TrainBatch, *, rest, c: StepConfig):
+    tx, schedule = make_optimizer(c.optimizer)
+
+    def loss_of(params, mb):
+        logp, _ = _score(c, params, rest, mb)
+        correct = (logp > jnp.log(0.5)) * mb["mask"]
+        return sft_loss(logp, mb["mask"], batch.n_tokens), {"confident_sum": correct.sum()}
+
+    micro = {f: getattr(batch, f) for f in MICRO_FIELDS}
+    loss, grads, sums = _accumulate(loss_of, state.params, micro)
+    params, opt_state = _update(tx, state.params, state.opt_state, grads)
+    metrics = _metrics(loss, optax.tree.norm(grads), schedule(state.step), sums, batch.n_tokens)
+    return TrainState(params=params, opt_state=opt_state, step=state.step + 1), metrics
 
 
 def init_state(params: nnx.State, tx: optax.GradientTransformation) -> TrainState:
