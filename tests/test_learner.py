@@ -364,3 +364,49 @@ def test_proximal_mode_clips_against_the_proximal_policy_and_weights_by_behaviou
     vanish = ((adv > 0) & (r > 1.2)) | ((adv < 0) & (r < 0.8))
     assert np.all((grads[:, 0] == 0) == vanish)
     np.testing.assert_allclose(grads[~vanish, 0], -(adv * r)[~vanish] / 16, rtol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["grpo", "dr_grpo", "dapo", "gspo"])
+def test_overlong_filter_drops_truncated_rows_but_keeps_them_in_the_baseline(name):
+    trajs = _trajectories()  # trajectory 3 is truncated
+    rewards = [[t.reward for t in trajs[:4]], [t.reward for t in trajs[4:]]]
+    adv = np.concatenate(group_advantages(rewards)).tolist()
+    assert adv[3] != 0  # its reward shapes the others' advantages
+
+    def loss(batch):
+        mb = jax.tree.map(lambda a: a[0], (batch.behaviour, batch.targets, batch.mask))
+        behaviour, targets, mask = (jnp.asarray(a) for a in mb)
+        logp = behaviour + 0.3 * jnp.sin(targets.astype(jnp.float32))  # a fixed off-policy gap
+        x = LossInputs(
+            logp=logp,
+            behaviour=behaviour,
+            mask=mask,
+            advantages=jnp.asarray(batch.advantages[0]),
+            n_sequences=jnp.asarray(batch.n_sequences),
+            n_tokens=jnp.asarray(batch.n_tokens),
+        )
+        s = dataclasses.replace(_settings(name, "tis", hi=0.28), clip_against="behaviour")
+        return float(policy_loss(x, s)[0])
+
+    kw = dict(max_len=256, micro_batch_tokens=8 * 64)
+    filtered = build_batch(trajs, adv, mask_truncated=True, rows=8, **kw)
+    without = build_batch(trajs[:3] + trajs[4:], adv[:3] + adv[4:], rows=7, **kw)
+    kept = build_batch(trajs, adv, rows=8, **kw)
+    assert loss(filtered) == pytest.approx(loss(without), rel=1e-6)
+    assert loss(kept) != pytest.approx(loss(without), rel=1e-3)
+
+
+@pytest.mark.parametrize(
+    ("override", "key"),
+    [
+        ("learner.clip_against=old", "learner.clip_against"),
+        ("learner.minibatches=0", "learner.minibatches"),
+        ("learner.minibatches=64", "learner.minibatches"),
+        ("learner.token_level_norm=sometimes", "learner.token_level_norm"),
+    ],
+)
+def test_bad_trust_region_settings_name_the_field(override, key):
+    from asyncrl.config.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        micro_config(override)
