@@ -44,11 +44,16 @@ KL to a frozen reference π_ref (the warm start; kl_coef > 0), per token, added 
 kl_coef and aggregated like the loss (gspo: like grpo), not importance-weighted:
     k1 = ℓ − ℓ_ref;   k3 = exp(ℓ_ref − ℓ) − (ℓ_ref − ℓ) − 1   (Schulman's estimator).
 
+Diagnostics (per counted token): clip_frac, where the clip removes the gradient (the condition
+above); is_capped, where r (behaviour) or w (proximal) exceeds C; is_ratio, exp(ℓ − b);
+kl_behaviour = r − 1 − log r with r = exp(ℓ − b), the k3 estimate of KL(μ ‖ π_θ); kl, to π_ref.
+
 Deviations from the papers: DAPO's dynamic sampling and overlong filtering act on the data, not
 here (learner/loop.py skips groups without signal; `mask_truncated` zeroes truncated rows' mask);
-DAPO's overlong reward shaping is not implemented. Every normaliser (B, N) is that of the whole
-(mini-)batch, passed in, so that gradient accumulation over micro-batches sums to exactly the
-(mini-)batch gradient.
+DAPO's overlong reward shaping is not implemented. GSPO's paper clips at ε ≈ 3e-4 / 4e-4; here
+the range is epsilon_low / epsilon_high as for every loss. Every normaliser (B, N) is that of the
+whole (mini-)batch, passed in, so that gradient accumulation over micro-batches sums to exactly
+the (mini-)batch gradient.
 """
 
 from __future__ import annotations
