@@ -338,7 +338,7 @@ def _grid(name, against, correction):
         )
         return policy_loss(x, s)
 
-    grads, metrics = jax.grad(loss_of, has_aux=True)(jnp.asarray(logp))
+    grads, metrics = jax.jit(jax.grad(loss_of, has_aux=True))(jnp.asarray(logp))
     return r, adv, np.asarray(grads), metrics
 
 
@@ -373,24 +373,27 @@ def test_overlong_filter_drops_truncated_rows_but_keeps_them_in_the_baseline(nam
     adv = np.concatenate(group_advantages(rewards)).tolist()
     assert adv[3] != 0  # its reward shapes the others' advantages
 
-    def loss(batch):
-        mb = jax.tree.map(lambda a: a[0], (batch.behaviour, batch.targets, batch.mask))
-        behaviour, targets, mask = (jnp.asarray(a) for a in mb)
-        logp = behaviour + 0.3 * jnp.sin(targets.astype(jnp.float32))  # a fixed off-policy gap
+    settings = dataclasses.replace(_settings(name, "tis", hi=0.28), clip_against="behaviour")
+
+    @jax.jit
+    def loss_of(batch):
+        behaviour, mask = batch.behaviour[0], batch.mask[0]
         x = LossInputs(
-            logp=logp,
+            logp=behaviour + 0.3 * jnp.sin(batch.targets[0].astype(jnp.float32)),  # off-policy
             behaviour=behaviour,
             mask=mask,
-            advantages=jnp.asarray(batch.advantages[0]),
-            n_sequences=jnp.asarray(batch.n_sequences),
-            n_tokens=jnp.asarray(batch.n_tokens),
+            advantages=batch.advantages[0],
+            n_sequences=batch.n_sequences,
+            n_tokens=batch.n_tokens,
         )
-        s = dataclasses.replace(_settings(name, "tis", hi=0.28), clip_against="behaviour")
-        return float(policy_loss(x, s)[0])
+        return policy_loss(x, settings)[0]
+
+    def loss(batch):
+        return float(loss_of(batch))
 
     kw = dict(max_len=256, micro_batch_tokens=8 * 64)
     filtered = build_batch(trajs, adv, mask_truncated=True, rows=8, **kw)
-    without = build_batch(trajs[:3] + trajs[4:], adv[:3] + adv[4:], rows=7, **kw)
+    without = build_batch(trajs[:3] + trajs[4:], adv[:3] + adv[4:], rows=8, **kw)
     kept = build_batch(trajs, adv, rows=8, **kw)
     assert loss(filtered) == pytest.approx(loss(without), rel=1e-6)
     assert loss(kept) != pytest.approx(loss(without), rel=1e-3)
