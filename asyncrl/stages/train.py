@@ -108,7 +108,15 @@ def _learner(cfg: RunConfig, placement: Placement, source: str | None) -> Learne
     model = build_model(cfg.model, seed=cfg.seed)
     if source:
         hf.load_into(model, source)
-    return Learner(model, cfg.learner, max_len=cfg.env.max_context, mesh=placement.train_mesh)
+    tokenizer_vocab = Wiring.of(cfg).fmt.tok.vocab_size  # the ids the engine can sample
+    return Learner(
+        model,
+        cfg.learner,
+        max_len=cfg.env.max_context,
+        mesh=placement.train_mesh,
+        vocab_limit=tokenizer_vocab,
+        temperature=cfg.rollout.temperature,  # score the distribution the engine sampled from
+    )
 
 
 def _engine(cfg, layout, learner, placement, source, stack) -> RolloutEngine:
