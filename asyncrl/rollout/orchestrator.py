@@ -33,7 +33,6 @@ from asyncrl.sampling.protocol import EngineClosed, RolloutEngine
 from asyncrl.tracing import flow_id
 from asyncrl.types import NumberedTask, SamplingParams, Task, Trajectory, TrajectoryStatus
 
-
 log = logging.getLogger(__name__)
 
 
