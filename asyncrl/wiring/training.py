@@ -82,8 +82,9 @@ def remote_engine(cfg: RunConfig, layout: RunLayout, learner: Learner, init_mode
     whose addresses come in ASYNCRL_ROLLOUT_ADDRESSES. Returns (engine, local replicas or None)."""
     from flax import nnx
 
-    from asyncrl.serving.client import RemoteEngine
+    from asyncrl.serving.client import ClientSettings, RemoteEngine
     from asyncrl.serving.replica import start_local_replicas
+    from asyncrl.serving.wire import reply_bytes_for
 
     def save_params(params, folder: Path) -> None:
         hf.save(nnx.merge(learner.graphdef, params, learner.rest), str(folder))
@@ -97,10 +98,20 @@ def remote_engine(cfg: RunConfig, layout: RunLayout, learner: Learner, init_mode
             layout.dir(Stage.TRAIN) / "rollout-config.yaml", to_yaml(cfg)
         )
         replicas = start_local_replicas(
-            config_file, cfg.cluster.rollout_replicas, init_model, layout.replicas
+            config_file,
+            cfg.cluster.rollout_replicas,
+            init_model,
+            layout.replicas,
+            weights_root=layout.weights,
         )
         addresses = replicas.addresses
-    return RemoteEngine(addresses, layout.weights, save_params), replicas
+    settings = ClientSettings(
+        max_reply_bytes=reply_bytes_for(cfg.env.max_context),
+        request_timeout_s=cfg.rollout.request_timeout_s,
+    )
+    token = replicas.token if replicas is not None else None  # else the mounted Secret's
+    engine = RemoteEngine(addresses, layout.weights, save_params, token=token, settings=settings)
+    return engine, replicas
 
 
 def _address(text: str) -> tuple[str, int]:
