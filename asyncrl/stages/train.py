@@ -76,7 +76,8 @@ def train(cfg: RunConfig, layout: RunLayout, init_model: str | None = None) -> T
     layout.dir(Stage.TRAIN).mkdir(parents=True, exist_ok=True)
     placement = make_placement(cfg)
     source = init_model or cfg.model.checkpoint
-    learner = _learner(cfg, placement, source)
+    wiring = Wiring.of(cfg)  # the tokenizer and chat format, built once for the stage
+    learner = _learner(cfg, wiring, placement, source)
     with contextlib.ExitStack() as stack:
         checkpointer = Checkpointer(
             checkpoint_uri(cfg, layout),
@@ -89,13 +90,14 @@ def train(cfg: RunConfig, layout: RunLayout, init_model: str | None = None) -> T
             restored = {"step": learner.step, "version": record.state.version}
             restored["digest"] = digest(flatten(learner.state))  # computed afresh, not copied
             layout.write_text(layout.resume_record, json.dumps(restored) + "\n")
-        engine = _engine(cfg, layout, learner, placement, source, stack)
+        engine = _engine(cfg, wiring, layout, learner, placement, source, stack)
         if record.state.version:
             engine.publish(learner.params_copy(), record.state.version)
         tracker = _tracker(cfg, layout)
         stack.callback(tracker.close)
         engine.warmup()
-        run = _Run(cfg, learner, engine, placement, tracker, checkpointer, list(record.evals))
+        run = _Run(cfg, wiring, learner, engine, placement, tracker, checkpointer)
+        run.evals.extend(record.evals)
         with tracing.tracing(_tracer(cfg, layout)):
             state = asyncio.run(run.main(record.state))
     hf.save(learner.model(), str(layout.train_model))
@@ -104,11 +106,11 @@ def train(cfg: RunConfig, layout: RunLayout, init_model: str | None = None) -> T
     return result
 
 
-def _learner(cfg: RunConfig, placement: Placement, source: str | None) -> Learner:
+def _learner(cfg: RunConfig, wiring: Wiring, placement: Placement, source: str | None) -> Learner:
     model = build_model(cfg.model, seed=cfg.seed)
     if source:
         hf.load_into(model, source)
-    tokenizer_vocab = Wiring.of(cfg).fmt.tok.vocab_size  # the ids the engine can sample
+    tokenizer_vocab = wiring.fmt.tok.vocab_size  # the ids the engine can sample
     return Learner(
         model,
         cfg.learner,
@@ -119,9 +121,9 @@ def _learner(cfg: RunConfig, placement: Placement, source: str | None) -> Learne
     )
 
 
-def _engine(cfg, layout, learner, placement, source, stack) -> RolloutEngine:
+def _engine(cfg, wiring, layout, learner, placement, source, stack) -> RolloutEngine:
     if cfg.cluster.placement != "remote":
-        engine = local_engine(Wiring.of(cfg), learner, placement)
+        engine = local_engine(wiring, learner, placement)
     else:
         engine, replicas = remote_engine(cfg, layout, learner, source)
         if replicas is not None:
@@ -177,17 +179,16 @@ class _Run:
     """One training run's event-loop side: evaluation, checkpoint and progress around the loop."""
 
     cfg: RunConfig
+    wiring: Wiring
     learner: Learner
     engine: RolloutEngine
     placement: Placement
     tracker: Tracker
     checkpointer: Checkpointer
-    evals: list[dict[str, float]]
-    wiring: Wiring = field(init=False)
+    evals: list[dict[str, float]] = field(default_factory=list)
     kill: object = field(init=False)
 
     def __post_init__(self) -> None:
-        self.wiring = Wiring.of(self.cfg)
         self.saved_step = self.learner.step  # restored (or initial) state: nothing new to save
         self.progress = Progress(self.cfg.learner.steps, "train")
         self.kill = faults.kill_point()
