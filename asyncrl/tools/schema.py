@@ -8,6 +8,7 @@ errors are phrased for the model to read and correct.
 from __future__ import annotations
 
 import inspect
+import json
 import re
 import types
 import typing
@@ -51,8 +52,28 @@ def _arg_docs(doc: str) -> dict[str, str]:
     return docs
 
 
+_SCHEMAS: dict[Callable[..., object], tuple[str, dict[str, object]]] = {}
+
+
 def function_schema(fn: Callable[..., object]) -> tuple[str, dict[str, object]]:
-    """(description, JSON schema of the keyword arguments) of a function."""
+    """(description, JSON schema of the keyword arguments) of a function.
+
+    Derived once per function (tools are often built per episode, and reading a signature and a
+    docstring costs more than the call): the schema returned is shared, so treat it as read-only.
+    """
+    try:
+        cached = _SCHEMAS.get(fn)
+    except TypeError:  # an unhashable callable object
+        return _derive(fn)
+    if cached is None:
+        cached = _derive(fn)
+        if len(_SCHEMAS) >= _MAX_VALIDATORS:
+            _SCHEMAS.clear()
+        _SCHEMAS[fn] = cached
+    return cached
+
+
+def _derive(fn: Callable[..., object]) -> tuple[str, dict[str, object]]:
     doc = inspect.getdoc(fn) or ""
     description = doc.split("\n\n")[0].strip()
     hints = typing.get_type_hints(fn)
@@ -82,18 +103,26 @@ def function_schema(fn: Callable[..., object]) -> tuple[str, dict[str, object]]:
 
 
 _VALIDATORS: dict[int, tuple[Mapping[str, object], jsonschema.protocols.Validator]] = {}
+_COMPILED: dict[str, jsonschema.protocols.Validator] = {}
 _MAX_VALIDATORS = 256
 
 
 def _validator(schema: Mapping[str, object]) -> jsonschema.protocols.Validator:
-    """The compiled validator of a tool's schema, checked and built once per schema object (a
-    tool's schema lives as long as the tool; `jsonschema.validate` would redo both every call)."""
+    """The compiled validator of a tool's schema, checked and built once per distinct schema
+    (`jsonschema.validate` would redo both every call). Looked up by the schema object first, then
+    by its content: tools built per episode derive an equal schema in a new dict every time."""
     cached = _VALIDATORS.get(id(schema))
     if cached is not None and cached[0] is schema:
         return cached[1]
-    cls = jsonschema.validators.validator_for(dict(schema))
-    cls.check_schema(dict(schema))
-    validator = cls(dict(schema))
+    key = json.dumps(schema, sort_keys=True, default=repr)
+    validator = _COMPILED.get(key)
+    if validator is None:
+        cls = jsonschema.validators.validator_for(dict(schema))
+        cls.check_schema(dict(schema))
+        validator = cls(dict(schema))
+        if len(_COMPILED) >= _MAX_VALIDATORS:
+            _COMPILED.clear()
+        _COMPILED[key] = validator
     if len(_VALIDATORS) >= _MAX_VALIDATORS:
         _VALIDATORS.clear()
     _VALIDATORS[id(schema)] = (schema, validator)
