@@ -1,9 +1,12 @@
-"""GKE path: JobSet rendering and validation, launch/watch/delete on a Kubernetes API emulator,
-the node-pool request against a loopback GKE API, manifests, and two-process jax.distributed."""
+"""GKE path: JobSet rendering and validation (the rollout channel's flags, token and addresses
+included), launch/watch/delete on a Kubernetes API emulator, the node-pool request against a
+loopback GKE API, manifests, and two-process jax.distributed."""
 
+import argparse
 import copy
 import json
 import os
+import shlex
 import subprocess
 import sys
 import threading
@@ -15,7 +18,18 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from asyncrl.cloud.jobset import GROUP, PLURAL, VERSION, JobSetRunner, job_manifests, render_jobset
+from asyncrl.cloud.jobset import (
+    ADDRESSES_ENV,
+    GROUP,
+    PLURAL,
+    ROLLOUT_PORT,
+    ROLLOUT_TOKEN_SECRET,
+    TOKEN_FILE,
+    VERSION,
+    JobSetRunner,
+    job_manifests,
+    render_jobset,
+)
 from asyncrl.cloud.provision import (
     ProvisionError,
     delete_node_pool,
@@ -23,6 +37,8 @@ from asyncrl.cloud.provision import (
     provision_node_pool,
 )
 from asyncrl.config import load_config
+from asyncrl.serving import replica
+from asyncrl.serving.auth import TOKEN_ENV
 from asyncrl.testing.gke_stub import gke_stub
 from asyncrl.testing.k8s import k8s_emulator
 
@@ -74,6 +90,62 @@ def test_rendered_jobset_validates_offline(overrides):
     assert env["JAX_COORDINATOR_ADDRESS"]["value"].startswith("asyncrl-run-1-trainer-0-0.")
     assert "job-completion-index" in env["JAX_PROCESS_ID"]["valueFrom"]["fieldRef"]["fieldPath"]
     assert len(jobset["spec"]["replicatedJobs"]) == (2 if overrides else 1)
+
+
+def _script_argv(container) -> list[str]:
+    """The command after `exec` in a stage container's `sh -c` script, split as sh would."""
+    shell, flag, script = container["command"]
+    assert (shell, flag) == ("sh", "-c")
+    return shlex.split(script.split("exec ", 1)[1])
+
+
+def test_remote_replicas_bind_all_interfaces_and_read_the_token_secret():
+    cfg = load_config(GKE, ["cluster.placement=remote", "cluster.rollout_replicas=2"])
+    jobset = render_jobset(cfg, "run-1", "gs://bucket/runs/run-1")
+    trainer, rollout = (
+        rj["template"]["spec"]["template"]["spec"] for rj in jobset["spec"]["replicatedJobs"]
+    )
+    assert [rj["replicas"] for rj in jobset["spec"]["replicatedJobs"]] == [1, 2]
+    argv = _script_argv(rollout["containers"][0])
+    assert argv[:4] == ["python", "-m", "asyncrl.serving.replica", "/tmp/config.yaml"]
+    parser = argparse.ArgumentParser()
+    parser.add_argument("config")
+    parser.add_argument("overrides", nargs="*")
+    replica.add_arguments(parser)  # the replica's own flags: a typo here fails to parse
+    args = parser.parse_args(argv[3:])
+    assert (args.host, args.port, args.token_file) == ("0.0.0.0", ROLLOUT_PORT, TOKEN_FILE)
+    assert args.run_dir == "/gcs/${ASYNCRL_RUN_DIR#gs://}" and args.overrides == []
+    assert rollout["containers"][0]["ports"] == [
+        {"name": "rollout", "containerPort": ROLLOUT_PORT, "protocol": "TCP"}
+    ]
+    for pod in (trainer, rollout):
+        (volume,) = [v for v in pod["volumes"] if "secret" in v]
+        assert volume["secret"]["secretName"] == ROLLOUT_TOKEN_SECRET
+        assert volume["secret"]["items"] == [{"key": "token", "path": "token"}]
+        mount = next(m for m in pod["containers"][0]["volumeMounts"] if m["name"] == volume["name"])
+        assert mount["readOnly"] and f"{mount['mountPath']}/token" == TOKEN_FILE
+    env = {e["name"]: e.get("value") for e in trainer["containers"][0]["env"]}
+    assert env[TOKEN_ENV] == TOKEN_FILE
+    assert env[ADDRESSES_ENV] == (
+        f"run-1-rollout-0-0.run-1:{ROLLOUT_PORT},run-1-rollout-1-0.run-1:{ROLLOUT_PORT}"
+    )
+    assert _script_argv(trainer["containers"][0])[:2] == ["asyncrl", "train"]
+
+
+def test_the_trainer_reads_the_addresses_variable_the_jobset_sets():
+    from asyncrl.wiring import training
+
+    assert training.ADDRESSES_ENV == ADDRESSES_ENV
+
+
+def test_without_remote_replicas_no_pod_mounts_the_token():
+    jobset = render_jobset(load_config(GKE), "run-1", "gs://b/r")
+    (trainer,) = [
+        rj["template"]["spec"]["template"]["spec"] for rj in jobset["spec"]["replicatedJobs"]
+    ]
+    assert [v["name"] for v in trainer["volumes"]] == ["scratch"]
+    names = {e["name"] for e in trainer["containers"][0]["env"]}
+    assert not {TOKEN_ENV, ADDRESSES_ENV} & names
 
 
 def test_a_misspelled_key_is_caught_by_the_closed_schema():
@@ -190,7 +262,6 @@ def test_manifests_validate_strictly_and_kustomizations_are_complete():
         "Role",
         "RoleBinding",
         "NetworkPolicy",
-        "Deployment",
     }
     for _path, doc in builtin:
         kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
@@ -200,8 +271,9 @@ def test_manifests_validate_strictly_and_kustomizations_are_complete():
     role = next(d for _, d in builtin if d["kind"] == "Role")
     verbs = {v for rule in role["rules"] for v in rule["verbs"]}
     assert "*" not in verbs and not any(d["kind"].startswith("Cluster") for _, d in builtin)
-    policy = next(d for _, d in builtin if d["kind"] == "NetworkPolicy")
-    assert policy["spec"]["egress"] == [] and "Egress" in policy["spec"]["policyTypes"]
+    namespace = next(d for _, d in builtin if d["kind"] == "Namespace")
+    assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
+    # Policies, pod security and RBAC in depth: tests/test_cluster_security.py.
 
 
 def test_two_process_jax_distributed_step_is_consistent_and_equals_one_process(tmp_path):

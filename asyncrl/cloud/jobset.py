@@ -6,28 +6,47 @@
   the `jax.distributed` wiring in the environment: the coordinator address (pod 0 of the trainer
   job, reached through the JobSet's headless service), the number of processes and each pod's
   process id (its completion index);
-- `rollout`: `cluster.rollout_replicas` rollout engine replicas (placement `remote`);
-with exclusive placement per node pool, the run folder and checkpoints as gs:// URIs, the
-Kubernetes service account by name, non-root pods with a read-only root filesystem and no added
-capabilities. `JobSetRunner` launches it with the `kubernetes` client, watches its status until it
-completes, fails or times out, collects a tail of each pod's log, and deletes it on cancellation
-or timeout.
+- `rollout`: `cluster.rollout_replicas` rollout engine replicas (placement `remote`), each bound
+  to 0.0.0.0 on the rollout port and serving only peers that hold the shared token, which both
+  sides read from the same Kubernetes Secret mounted as a file; the trainer gets the replicas'
+  addresses in ASYNCRL_ROLLOUT_ADDRESSES.
+Every pod passes the `restricted` Pod Security Standard (non-root, seccomp RuntimeDefault, no
+privilege escalation, all capabilities dropped, read-only root filesystem, only emptyDir and
+secret volumes) and runs as the workload service account, which has no Kubernetes API rights and
+no API token mounted: only the launcher (the pipeline's train pod) may create JobSets
+(manifests/base/rbac.yaml). Port names match the NetworkPolicies in manifests/base/, which
+select pods by their `role` label. `JobSetRunner` launches the JobSet with the `kubernetes`
+client, watches its status until it completes, fails or times out, collects a tail of each pod's
+log, and deletes it on cancellation or timeout.
 """
 
 from __future__ import annotations
 
+import shlex
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from asyncrl.config import RunConfig, to_yaml
+from asyncrl.serving.auth import TOKEN_ENV
 
 GROUP, VERSION, PLURAL = "jobset.x-k8s.io", "v1alpha2", "jobsets"
 NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
 ACCELERATOR = {"v5e": "tpu-v5-lite-podslice", "v5p": "tpu-v5p-slice", "v6e": "tpu-v6e-slice"}
 CHIPS_PER_HOST = {"v5e": 4, "v5p": 4, "v6e": 4}
 COORDINATOR_PORT = 8476
+# The TPU runtime's slice-builder port between the hosts of one multi-host slice (GKE's
+# multi-host TPU examples open it); pod-to-pod, since restricted pods may not use hostNetwork.
+TPU_SLICE_PORT = 8471
+ROLLOUT_PORT = 8470
+ROLLOUT_TOKEN_SECRET = "asyncrl-rollout-token"
+# Trainer and rollout pods run model code: an identity with no RoleBinding and no mounted token.
+WORKLOAD_SERVICE_ACCOUNT = "asyncrl-workload"
+RUN_AS = 1000  # the runtime image's user (images/runtime.Dockerfile)
+TOKEN_DIR = "/var/run/asyncrl/token"
+TOKEN_FILE = f"{TOKEN_DIR}/token"
+ADDRESSES_ENV = "ASYNCRL_ROLLOUT_ADDRESSES"  # read by asyncrl.wiring.training
 
 
 def slice_shape(tpu_type: str, topology: str) -> tuple[int, int]:
@@ -41,27 +60,41 @@ def slice_shape(tpu_type: str, topology: str) -> tuple[int, int]:
     return max(chips // per_host, 1), per_host
 
 
-def _stage_command(command: str) -> list[str]:
-    """Write the config from the environment to scratch, then run the asyncrl command on it. The
-    run folder gs://b/p is read and written at /gcs/b/p (Cloud Storage FUSE)."""
+def _stage_command(program: Sequence[str], extra: Sequence[str] = ()) -> list[str]:
+    """Write the config from the environment to scratch, then run `program` on it. The run
+    folder gs://b/p is read and written at /gcs/b/p (Cloud Storage FUSE)."""
     script = (
         'printf "%s" "$ASYNCRL_CONFIG_YAML" > /tmp/config.yaml && '
-        f'exec asyncrl {command} /tmp/config.yaml --run-dir "/gcs/${{ASYNCRL_RUN_DIR#gs://}}"'
+        f"exec {shlex.join(program)} /tmp/config.yaml "
+        '--run-dir "/gcs/${ASYNCRL_RUN_DIR#gs://}"'
     )
+    if extra:
+        script += f" {shlex.join(extra)}"
     return ["sh", "-c", script]
 
 
-def _security() -> dict[str, Any]:
+def pod_security() -> dict[str, Any]:
+    """The pod-level security context of every JobSet pod."""
     return {
         "runAsNonRoot": True,
-        "runAsUser": 1000,
+        "runAsUser": RUN_AS,
+        "runAsGroup": RUN_AS,
+        "fsGroup": RUN_AS,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def container_security() -> dict[str, Any]:
+    """The container-level security context of every JobSet container."""
+    return {
+        "runAsNonRoot": True,
         "allowPrivilegeEscalation": False,
         "readOnlyRootFilesystem": True,
         "capabilities": {"drop": ["ALL"]},
     }
 
 
-def _container(name, image, command, env, tpu_chips: int, cfg: RunConfig) -> dict[str, Any]:
+def _container(name, image, command, env, tpu_chips: int, ports) -> dict[str, Any]:
     resources: dict[str, Any] = {"requests": {"cpu": "4", "memory": "16Gi"}}
     if tpu_chips:
         resources["limits"] = {"google.com/tpu": str(tpu_chips)}
@@ -71,20 +104,40 @@ def _container(name, image, command, env, tpu_chips: int, cfg: RunConfig) -> dic
         "image": image,
         "command": command,
         "env": env,
+        "ports": [{"name": n, "containerPort": p, "protocol": "TCP"} for n, p in ports],
         "resources": resources,
-        "securityContext": _security(),
+        "securityContext": container_security(),
         "volumeMounts": [{"name": "scratch", "mountPath": "/tmp"}],
     }
+
+
+def _with_token(pod_spec: dict[str, Any], secret: str) -> dict[str, Any]:
+    """Mount the rollout token Secret read-only at TOKEN_DIR in the pod's container."""
+    pod_spec["volumes"].append(
+        {
+            "name": "rollout-token",
+            "secret": {
+                "secretName": secret,
+                "items": [{"key": "token", "path": "token"}],
+                "defaultMode": 0o440,  # owner root, group RUN_AS (fsGroup): read only
+            },
+        }
+    )
+    mount = {"name": "rollout-token", "mountPath": TOKEN_DIR, "readOnly": True}
+    pod_spec["containers"][0]["volumeMounts"].append(mount)
+    return pod_spec
 
 
 def _pod_spec(cfg: RunConfig, container: dict, tpu: bool) -> dict[str, Any]:
     c = cfg.cluster
     spec: dict[str, Any] = {
-        "serviceAccountName": c.service_account,
+        "serviceAccountName": WORKLOAD_SERVICE_ACCOUNT,
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
         "restartPolicy": "Never",
+        "securityContext": pod_security(),
         "containers": [container],
         "volumes": [{"name": "scratch", "emptyDir": {}}],
-        "securityContext": {"runAsNonRoot": True, "fsGroup": 1000},
     }
     if tpu:
         spec["nodeSelector"] = {
@@ -116,14 +169,24 @@ def _job(name: str, replicas: int, pods: int, pod_spec: dict) -> dict[str, Any]:
     }
 
 
+def rollout_addresses(name: str, replicas: int, port: int) -> list[str]:
+    """host:port of each rollout replica: pod 0 of job i, through the JobSet's headless service."""
+    return [f"{name}-rollout-{i}-0.{name}:{port}" for i in range(replicas)]
+
+
 def render_jobset(cfg: RunConfig, name: str, run_uri: str) -> dict[str, Any]:
     """The JobSet of a training run whose folder is `run_uri` (a gs:// URI on GKE)."""
     c = cfg.cluster
     hosts, chips = slice_shape(c.tpu_type, c.tpu_topology)
+    remote = c.placement == "remote" and c.rollout_replicas > 0
+    port, secret = ROLLOUT_PORT, ROLLOUT_TOKEN_SECRET
     config_text = to_yaml(cfg)
-    trainer_env = [
+    common_env = [
         {"name": "ASYNCRL_CONFIG_YAML", "value": config_text},
         {"name": "ASYNCRL_RUN_DIR", "value": run_uri},
+    ]
+    trainer_env = [
+        *common_env,
         {
             "name": "JAX_COORDINATOR_ADDRESS",
             "value": f"{name}-trainer-0-0.{name}:{COORDINATOR_PORT}",
@@ -138,18 +201,24 @@ def render_jobset(cfg: RunConfig, name: str, run_uri: str) -> dict[str, Any]:
             },
         },
     ]
-    trainer_cmd = _stage_command("train")
-    trainer = _container("trainer", c.image, trainer_cmd, trainer_env, chips, cfg)
-    trainer["ports"] = [{"containerPort": COORDINATOR_PORT, "name": "coordinator"}]
-    jobs = [_job("trainer", 1, hosts, _pod_spec(cfg, trainer, tpu=True))]
-    if c.placement == "remote" and c.rollout_replicas:
-        rollout_env = [
-            {"name": "ASYNCRL_CONFIG_YAML", "value": config_text},
-            {"name": "ASYNCRL_RUN_DIR", "value": run_uri},
+    if remote:
+        addresses = ",".join(rollout_addresses(name, c.rollout_replicas, port))
+        trainer_env += [
+            {"name": TOKEN_ENV, "value": TOKEN_FILE},
+            {"name": ADDRESSES_ENV, "value": addresses},
         ]
-        rollout_cmd = _stage_command("rollout-server")
-        rollout = _container("rollout", c.image, rollout_cmd, rollout_env, chips, cfg)
-        jobs.append(_job("rollout", c.rollout_replicas, 1, _pod_spec(cfg, rollout, tpu=True)))
+    trainer_ports = [("coordinator", COORDINATOR_PORT), ("tpu-slice", TPU_SLICE_PORT)]
+    trainer_cmd = _stage_command(["asyncrl", "train"])
+    trainer = _container("trainer", c.image, trainer_cmd, trainer_env, chips, trainer_ports)
+    trainer_pod = _pod_spec(cfg, trainer, tpu=True)
+    jobs = [_job("trainer", 1, hosts, _with_token(trainer_pod, secret) if remote else trainer_pod)]
+    if remote:
+        serve = ["--host", "0.0.0.0", "--port", str(port), "--token-file", TOKEN_FILE]
+        rollout_cmd = _stage_command(["python", "-m", "asyncrl.serving.replica"], serve)
+        ports = [("rollout", port)]
+        rollout = _container("rollout", c.image, rollout_cmd, common_env, chips, ports)
+        rollout_pod = _with_token(_pod_spec(cfg, rollout, tpu=True), secret)
+        jobs.append(_job("rollout", c.rollout_replicas, 1, rollout_pod))
     return {
         "apiVersion": f"{GROUP}/{VERSION}",
         "kind": "JobSet",
