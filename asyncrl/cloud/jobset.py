@@ -174,19 +174,12 @@ def rollout_addresses(name: str, replicas: int, port: int) -> list[str]:
     return [f"{name}-rollout-{i}-0.{name}:{port}" for i in range(replicas)]
 
 
-def render_jobset(cfg: RunConfig, name: str, run_uri: str) -> dict[str, Any]:
-    """The JobSet of a training run whose folder is `run_uri` (a gs:// URI on GKE)."""
+def _trainer_job(cfg: RunConfig, name: str, env: list[dict], remote: bool) -> dict[str, Any]:
+    """The indexed trainer job: one pod per host, joined by jax.distributed."""
     c = cfg.cluster
     hosts, chips = slice_shape(c.tpu_type, c.tpu_topology)
-    remote = c.placement == "remote" and c.rollout_replicas > 0
-    port, secret = ROLLOUT_PORT, ROLLOUT_TOKEN_SECRET
-    config_text = to_yaml(cfg)
-    common_env = [
-        {"name": "ASYNCRL_CONFIG_YAML", "value": config_text},
-        {"name": "ASYNCRL_RUN_DIR", "value": run_uri},
-    ]
-    trainer_env = [
-        *common_env,
+    env = [
+        *env,
         {
             "name": "JAX_COORDINATOR_ADDRESS",
             "value": f"{name}-trainer-0-0.{name}:{COORDINATOR_PORT}",
@@ -202,23 +195,39 @@ def render_jobset(cfg: RunConfig, name: str, run_uri: str) -> dict[str, Any]:
         },
     ]
     if remote:
-        addresses = ",".join(rollout_addresses(name, c.rollout_replicas, port))
-        trainer_env += [
+        addresses = rollout_addresses(name, c.rollout_replicas, ROLLOUT_PORT)
+        env += [
             {"name": TOKEN_ENV, "value": TOKEN_FILE},
-            {"name": ADDRESSES_ENV, "value": addresses},
+            {"name": ADDRESSES_ENV, "value": ",".join(addresses)},
         ]
-    trainer_ports = [("coordinator", COORDINATOR_PORT), ("tpu-slice", TPU_SLICE_PORT)]
-    trainer_cmd = _stage_command(["asyncrl", "train"])
-    trainer = _container("trainer", c.image, trainer_cmd, trainer_env, chips, trainer_ports)
-    trainer_pod = _pod_spec(cfg, trainer, tpu=True)
-    jobs = [_job("trainer", 1, hosts, _with_token(trainer_pod, secret) if remote else trainer_pod)]
+    ports = [("coordinator", COORDINATOR_PORT), ("tpu-slice", TPU_SLICE_PORT)]
+    command = _stage_command(["asyncrl", "train"])
+    pod = _pod_spec(cfg, _container("trainer", c.image, command, env, chips, ports), tpu=True)
+    return _job("trainer", 1, hosts, _with_token(pod, ROLLOUT_TOKEN_SECRET) if remote else pod)
+
+
+def _rollout_job(cfg: RunConfig, env: list[dict]) -> dict[str, Any]:
+    """`cluster.rollout_replicas` single-pod jobs, each a replica serving on 0.0.0.0."""
+    c = cfg.cluster
+    _, chips = slice_shape(c.tpu_type, c.tpu_topology)
+    serve = ["--host", "0.0.0.0", "--port", str(ROLLOUT_PORT), "--token-file", TOKEN_FILE]
+    command = _stage_command(["python", "-m", "asyncrl.serving.replica"], serve)
+    ports = [("rollout", ROLLOUT_PORT)]
+    pod = _pod_spec(cfg, _container("rollout", c.image, command, env, chips, ports), tpu=True)
+    return _job("rollout", c.rollout_replicas, 1, _with_token(pod, ROLLOUT_TOKEN_SECRET))
+
+
+def render_jobset(cfg: RunConfig, name: str, run_uri: str) -> dict[str, Any]:
+    """The JobSet of a training run whose folder is `run_uri` (a gs:// URI on GKE)."""
+    c = cfg.cluster
+    remote = c.placement == "remote" and c.rollout_replicas > 0
+    env = [
+        {"name": "ASYNCRL_CONFIG_YAML", "value": to_yaml(cfg)},
+        {"name": "ASYNCRL_RUN_DIR", "value": run_uri},
+    ]
+    jobs = [_trainer_job(cfg, name, env, remote)]
     if remote:
-        serve = ["--host", "0.0.0.0", "--port", str(port), "--token-file", TOKEN_FILE]
-        rollout_cmd = _stage_command(["python", "-m", "asyncrl.serving.replica"], serve)
-        ports = [("rollout", port)]
-        rollout = _container("rollout", c.image, rollout_cmd, common_env, chips, ports)
-        rollout_pod = _with_token(_pod_spec(cfg, rollout, tpu=True), secret)
-        jobs.append(_job("rollout", c.rollout_replicas, 1, rollout_pod))
+        jobs.append(_rollout_job(cfg, env))
     return {
         "apiVersion": f"{GROUP}/{VERSION}",
         "kind": "JobSet",
