@@ -295,7 +295,6 @@ def test_every_pipeline_task_runs_as_non_root():
         context = executor.get("securityContext") or {}
         assert context.get("runAsNonRoot") is True, name
         assert int(context.get("runAsUser", 0)) != 0, name
-        assert not {"secretAsVolume", "pvcMount"} & set(executor), name
 
 
 # --- service accounts and RBAC -----------------------------------------------------------------
