@@ -14,7 +14,6 @@ cadence) may change between a run and its resumption.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,8 +21,10 @@ from typing import Any
 from asyncrl.checkpoint.manager import CheckpointError
 from asyncrl.config import RunConfig
 from asyncrl.learner.state import LoopState, StateError
+from asyncrl.records import RecordError, decode
 
 FORMAT = 2
+_EVALS = tuple[dict[str, float], ...]  # per evaluation: metric name -> finite number
 RNG_SCHEME = "member seed = sha256(seed/group_id/member/attempt); epoch order = Random(seed/epoch)"
 # Dotted keys (or whole sections) that must match for a checkpoint to be resumed.
 BINDING = (
@@ -76,25 +77,17 @@ class TrainRecord:
             state = LoopState.from_json(data.get("state"))
         except StateError as e:
             raise CheckpointError(f"{where}: {e}") from None
-        evals, config = data.get("evals"), data.get("config")
-        if not isinstance(evals, list) or not all(_is_eval(e) for e in evals):
-            raise CheckpointError(f"{where}: evals: expected a list of {{name: number}} objects")
+        try:
+            evals = decode(_EVALS, data.get("evals"), "evals")  # type: ignore[arg-type]
+        except RecordError as e:
+            raise CheckpointError(f"{where}: {e}") from None
+        config = data.get("config")
         if not isinstance(config, Mapping):
             raise CheckpointError(f"{where}: config: expected an object")
         digest = data.get("config_hash")
         if not isinstance(digest, str):
             raise CheckpointError(f"{where}: config_hash: expected a string")
-        return cls(state=state, evals=tuple(evals), config=config, config_hash=digest)
-
-
-def _is_eval(e: object) -> bool:
-    return isinstance(e, Mapping) and all(
-        isinstance(k, str)
-        and isinstance(v, int | float)
-        and not isinstance(v, bool)
-        and math.isfinite(v)
-        for k, v in e.items()
-    )
+        return cls(state=state, evals=evals, config=config, config_hash=digest)
 
 
 def _get(tree: Mapping[str, Any], dotted: str) -> Any:

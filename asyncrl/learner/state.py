@@ -13,8 +13,10 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
 
+from asyncrl.records import RecordError, decode, encode
 from asyncrl.rollout.cursor import CursorError, DataCursor
 from asyncrl.types import GroupOutcome
 
@@ -33,6 +35,12 @@ class LoopCounters:
     groups_no_signal: int = 0
     train_seconds: float = 0.0
     wait_seconds: float = 0.0  # learner idle, waiting for groups
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if value < 0:
+                raise ValueError(f"{f.name}: expected a number >= 0, got {value!r}")
 
 
 _COUNTER_OF = {
@@ -96,7 +104,7 @@ class LoopState:
         return {
             "version": self.version,
             "cursor": self.cursor.to_json(),
-            "counters": asdict(self.counters),
+            "counters": encode(self.counters),
             "lags": [list(pair) for pair in self.lags],
         }
 
@@ -115,7 +123,7 @@ class LoopState:
         return cls(
             version=version,
             cursor=cursor,
-            counters=_counters(data.get("counters")),
+            counters=_decoded(LoopCounters, data.get("counters"), "loop state.counters"),
             lags=_lags(data.get("lags")),
         ).restored()
 
@@ -126,27 +134,15 @@ def admits(state: LoopState, groups_per_version: int, max_staleness: int) -> boo
     return state.cursor.occupying < budget
 
 
-def _counters(data: object) -> LoopCounters:
-    if not isinstance(data, Mapping):
-        raise StateError(f"loop state.counters: expected an object, got {data!r:.60}")
-    values: dict[str, int | float] = {}
-    for f in fields(LoopCounters):
-        value = data.get(f.name, 0)
-        kind = int if f.type in ("int", int) else float
-        ok = isinstance(value, int | float) and not isinstance(value, bool) and value >= 0
-        if not ok or (kind is int and not isinstance(value, int)) or value != value:
-            raise StateError(f"loop state.counters.{f.name}: expected a number >= 0, got {value!r}")
-        values[f.name] = kind(value)
-    return LoopCounters(**values)  # type: ignore[arg-type]
+def _decoded(tp: object, data: object, where: str) -> Any:
+    try:
+        return decode(tp, data, where)  # type: ignore[arg-type]
+    except RecordError as e:
+        raise StateError(str(e)) from None
 
 
 def _lags(data: object) -> tuple[tuple[int, int], ...]:
-    ok = isinstance(data, list) and all(
-        isinstance(p, list)
-        and len(p) == 2
-        and all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in p)
-        for p in data
-    )
-    if not ok:
-        raise StateError(f"loop state.lags: expected [[lag, count], ...], got {data!r:.60}")
-    return tuple(sorted((int(a), int(b)) for a, b in data))  # type: ignore[union-attr]
+    lags = _decoded(tuple[tuple[int, int], ...], data, "loop state.lags")
+    if any(x < 0 for pair in lags for x in pair):
+        raise StateError(f"loop state.lags: expected [[lag, count], ...] >= 0, got {data!r:.60}")
+    return tuple(sorted(lags))
