@@ -114,7 +114,7 @@ def _failing_tool_env(task, spec):
         ("tool_output_past_context", TrajectoryStatus.TRUNCATED_TOKENS),
         ("timeout", TrajectoryStatus.TIMEOUT),
         ("tool_error", TrajectoryStatus.TOOL_ERROR),
-        ("tool_hang", TrajectoryStatus.TOOL_ERROR),
+        ("tool_hang", TrajectoryStatus.TIMEOUT),  # a hung tool is a timeout, not a tool failure
         ("env_error", TrajectoryStatus.ENV_ERROR),
         ("invalid_action", TrajectoryStatus.INVALID_ACTION),
         ("single_turn_tool_call", TrajectoryStatus.INVALID_ACTION),

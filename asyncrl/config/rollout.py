@@ -9,13 +9,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from asyncrl.config.errors import require, seconds
+from asyncrl.config.errors import bounds, require, seconds
 
 InFlightPolicy = Literal["continue", "recompute"]
 AgentKind = Literal["model", "tool"]
 MalformedToolCall = Literal["observation", "terminate"]
 TaskFamily = Literal["calculator", "lookup"]
 FailurePolicy = Literal["drop", "zero", "retry"]
+MAX_TOOL_WORKERS = 256  # sync tool threads (each may be replaced once: at most twice as many live)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -110,7 +111,12 @@ class EnvConfig:
     # Seconds one tool call may run before it is cancelled.
     tool_timeout_s: float = field(default=5.0, metadata=seconds())
     # Characters of tool output kept; the rest is cut and the result marked output_truncated.
+    # A tool's error text is cut to the same length.
     tool_output_chars: int = 2000
+    # Threads that run sync tools, a pool of their own (never asyncio's default executor): at most
+    # this many sync calls at once; a hung call's thread is abandoned and replaced (up to as many
+    # again), so hung tools do not starve healthy ones.
+    tool_workers: int = field(default=8, metadata=bounds(1, MAX_TOOL_WORKERS, "threads"))
     # A malformed tool call becomes an observation the model sees, or ends the episode.
     malformed_tool_call: MalformedToolCall = "observation"
     # Training tasks generated per family per epoch, and the fixed held-out split size.
@@ -145,3 +151,9 @@ class EnvConfig:
         require(self.episode_timeout_s > 0, "episode_timeout_s", self.episode_timeout_s, "> 0")
         require(self.tool_timeout_s > 0, "tool_timeout_s", self.tool_timeout_s, "> 0")
         require(self.tool_output_chars > 0, "tool_output_chars", self.tool_output_chars, "> 0")
+        require(
+            1 <= self.tool_workers <= MAX_TOOL_WORKERS,
+            "tool_workers",
+            self.tool_workers,
+            f"an integer in [1, {MAX_TOOL_WORKERS}]",
+        )

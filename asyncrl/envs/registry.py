@@ -2,7 +2,8 @@
 
 `build_environment(task, cfg)` looks up `task.environment`; projects register their own with
 `register("name", factory)`. Built-ins: "tool" (calculator + lookup over the task's table),
-"python" (calculator + the sandboxed python tool) and "task" (single turn, no tools).
+"python" (calculator + the sandboxed python tool) and "task" (single turn, no tools). Sync tools
+run on the process-wide pool of `env.tool_workers` threads (`tools/threads.py`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from asyncrl.tools.executor import ToolExecutor
 from asyncrl.tools.function import FunctionTool
 from asyncrl.tools.lookup import LookupTool
 from asyncrl.tools.python_sandbox import PythonSandbox
+from asyncrl.tools.threads import shared
 from asyncrl.types import Task
 
 # (task, env config, shared per-tool semaphores) -> a fresh environment for one episode
@@ -44,7 +46,7 @@ def build_environment(
 
 def _tool_env(task: Task, cfg: EnvConfig, limits) -> Environment:
     def executor(t: Task) -> ToolExecutor:
-        tools = (FunctionTool(calculator), LookupTool(dict(t.table)))
+        tools = (FunctionTool(calculator, pool=shared(cfg.tool_workers)), LookupTool(dict(t.table)))
         return ToolExecutor(
             tools, timeout_s=cfg.tool_timeout_s, output_chars=cfg.tool_output_chars, limits=limits
         )
@@ -54,7 +56,7 @@ def _tool_env(task: Task, cfg: EnvConfig, limits) -> Environment:
 
 def _python_env(task: Task, cfg: EnvConfig, limits) -> Environment:
     def executor(t: Task) -> ToolExecutor:
-        tools = (FunctionTool(calculator), PythonSandbox())
+        tools = (FunctionTool(calculator, pool=shared(cfg.tool_workers)), PythonSandbox())
         return ToolExecutor(
             tools, timeout_s=cfg.tool_timeout_s, output_chars=cfg.tool_output_chars, limits=limits
         )

@@ -1,9 +1,9 @@
 """`ToolEnvironment` (tools until a final answer) and `TaskEnvironment` (one answer, no tools).
 
 Outcomes, each with its status: a final answer ends the episode as completed with the reward; a
-tool that fails (raises, or outlives its deadline) ends it as tool_error; a malformed call, an
-unknown tool or bad arguments become an error message the model sees ("observation") or end the
-episode as invalid_action ("terminate"), as configured.
+tool that outlives its deadline ends it as timeout, one that fails otherwise (raises, returns no
+text) as tool_error; a malformed call, an unknown tool or bad arguments become an error message
+the model sees ("observation") or end the episode as invalid_action ("terminate"), as configured.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from collections.abc import Callable
 from asyncrl.config.rollout import MalformedToolCall
 from asyncrl.envs.base import Action, ActionKind, StepResult
 from asyncrl.rewards import exact_match, reward_parts
+from asyncrl.tools.base import ToolStatus
 from asyncrl.tools.executor import ToolExecutor
 from asyncrl.types import Message, Role, Task, TrajectoryStatus
 
@@ -66,6 +67,8 @@ class ToolEnvironment:
             error = Message(role=Role.TOOL, name="error", content=f"error: {action.error}")
             return StepResult(done=False, messages=(error,))
         results = await self.executor.call_all(action.tool_calls)
+        if any(r.status == ToolStatus.TIMEOUT for r in results):
+            return StepResult(done=True, status=TrajectoryStatus.TIMEOUT, tool_results=results)
         if any(r.status.tool_failure for r in results):
             return StepResult(done=True, status=TrajectoryStatus.TOOL_ERROR, tool_results=results)
         if self._malformed == "terminate" and any(r.status.model_error for r in results):

@@ -5,12 +5,19 @@ token budget (truncated_steps / truncated_tokens), the episode deadline (timeout
 (tool_error), a raising environment (env_error), a malformed action under "terminate"
 (invalid_action), cancellation (cancelled). The environment is closed exactly once in every case.
 The partial state stays readable, so a caller that cancels an episode can still record it.
+
+Nothing a tool or an environment does can keep an episode from ending: its turns run under a hard
+deadline (`tools/deadlines.py`): code that ignores the cancellation at `timeout_s` is dropped after
+`GRACE_S`, and `close()` gets `CLOSE_TIMEOUT_S` (plus the same grace). So `run()` returns (or, when
+cancelled, raises) at most `timeout_s + EPISODE_GRACE_S` after it started. Environment failures are
+logged (one line) and counted by the orchestrator; a failing close never changes the status.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from dataclasses import dataclass, replace
 
@@ -19,15 +26,24 @@ from asyncrl.agents import Agent
 from asyncrl.envs.base import Environment
 from asyncrl.sampling.protocol import EngineClosed, RolloutEngine
 from asyncrl.tools.context import EpisodeContext, enter_episode
+from asyncrl.tools.deadlines import GRACE_S, within
 from asyncrl.tracing import flow_id
 from asyncrl.types import (
     FinishReason,
     GenerateRequest,
+    Message,
+    Role,
     SamplingParams,
     Task,
     Trajectory,
     TrajectoryStatus,
 )
+
+log = logging.getLogger(__name__)
+
+CLOSE_TIMEOUT_S = 1.0  # an environment's close(); then cancelled, and dropped after GRACE_S
+# Longest an episode may outlive `timeout_s`: its turns' wind-down, then a close that hangs.
+EPISODE_GRACE_S = GRACE_S + CLOSE_TIMEOUT_S + GRACE_S
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -65,6 +81,8 @@ class Episode:
         self.times = {"model_s": 0.0, "env_s": 0.0}
         self._start = time.monotonic()
         self._closed = False
+        self.error = ""  # why the environment failed (env_error), one line
+        self.close_error = ""  # why close() failed or was dropped; the status is unaffected
         self._lane = 0
         self._open_slices = 0  # slices open on the lane below the episode slice
 
@@ -83,17 +101,20 @@ class Episode:
             },
         )
         try:
-            async with asyncio.timeout(self.limits.timeout_s):
-                status = await self._loop()
+            status = await within(self._loop(), self.limits.timeout_s, label="episode")
         except TimeoutError:
             status = TrajectoryStatus.TIMEOUT
         except asyncio.CancelledError:
-            await self.close()
-            self._end_trace(TrajectoryStatus.CANCELLED)
+            try:
+                await self.close()
+            finally:
+                self._end_trace(TrajectoryStatus.CANCELLED)
             raise
         except EngineClosed:  # the run is shutting down under this episode
             status = TrajectoryStatus.CANCELLED
-        except Exception:  # the environment or its reset raised: this episode's failure only
+        except Exception as e:  # the environment (or its reset) raised: this episode's failure only
+            self.error = _describe(e)
+            log.warning("episode %s: environment failed: %s", self.spec.episode_id, self.error)
             status = TrajectoryStatus.ENV_ERROR
         await self.close()
         self._end_trace(status)
@@ -177,15 +198,27 @@ class Episode:
         yield
         self._end()
 
+    def _stand_in_prompt(self) -> None:
+        """The environment never opened the episode (its reset or factory failed): record the
+        task's prompt, all mask 0, so the failed member is a well-formed trajectory with no
+        trained token rather than an empty one."""
+        with contextlib.suppress(Exception):
+            self.agent.start((Message(role=Role.USER, content=self.spec.task.prompt[:2000]),))
+
     async def close(self) -> None:
         if self._closed:
             return
         self._closed = True
-        # A failing close must not hide the episode's own outcome.
-        with contextlib.suppress(Exception):
-            await self.env.close()
+        # A failing (or hanging) close must not hide the episode's own outcome, nor hold it.
+        try:
+            await within(self.env.close(), CLOSE_TIMEOUT_S, label="environment close")
+        except Exception as e:
+            self.close_error = _describe(e)
+            log.warning("episode %s: close failed: %s", self.spec.episode_id, self.close_error)
 
     def trajectory(self, status: TrajectoryStatus) -> Trajectory:
+        if not self.agent.conversation.tokens:
+            self._stand_in_prompt()
         conv = self.agent.conversation
         # Tool output or a turn header may run past the context; sampling never does (its budget
         # is the room left), so the cut loses no trained token and keeps the record trainable.
@@ -207,6 +240,14 @@ class Episode:
             prompt_length=self.prompt_length,
             timings=(*self.times.items(), ("total_s", time.monotonic() - self._start)),
         )
+
+
+def _describe(error: BaseException) -> str:
+    try:
+        message = str(error)
+    except Exception:
+        message = "<message could not be rendered>"
+    return f"{type(error).__name__}: {message}"[:300]
 
 
 def _turn_seed(seed: int | None, turn: int) -> int | None:

@@ -135,6 +135,14 @@ class GroupQueue:
         self.released += 1
         return Admitted.RELEASED
 
+    def fail(self, group_id: str) -> bool:
+        """A member could not run at all (no record to put): the group is dropped whatever the
+        policy. False when the group had already ended."""
+        if group_id not in self._open:
+            return False
+        self._end(group_id, GroupOutcome.FAILED, "group dropped (member could not run)")
+        return True
+
     def withdraw(self, group_id: str) -> None:
         """The run stops before this group can finish: it ends unreleased (issued again later)."""
         if group_id in self._open:

@@ -11,6 +11,14 @@ at once (unless `cancel_doomed` is off): nothing is generated for a group that w
 withdrawn (its started members cancelled, the queue told), never left open. `cancel()` cancels
 every running episode (recorded as cancelled) and withdraws every group still open. The
 orchestrator knows nothing of the learner beyond the admission hook.
+
+Every member ends with a status that is counted (`status_counts`), whatever its environment does:
+a factory that raises (or a task naming an unregistered environment) is logged and counted
+(`env_build_failures`) and the member ends as env_error; a close that fails or hangs is counted
+(`env_close_failures`) without changing the status; a member that cannot run at all (a bug below
+the episode) is logged with its traceback, counted as env_error and drops its group, so no group
+is ever left open. An episode ends within its timeout plus `EPISODE_GRACE_S` (rollout/episode.py),
+so `cancel()` returns within that grace too.
 """
 
 from __future__ import annotations
@@ -142,11 +150,15 @@ class Orchestrator:
         self.admission: Admission = admission or Unbounded()
         self._free = asyncio.Semaphore(settings.max_concurrency)
         self._running: set[asyncio.Task] = set()
+        self._started: set[asyncio.Task] = set()  # members whose coroutine began
         self._members: dict[str, set[asyncio.Task]] = collections.defaultdict(set)
         self._stopping = False
         self.groups_started = 0
         self.retries = 0
         self.doomed_cancelled = 0  # members cancelled because their group was already lost
+        self.env_build_failures = 0  # environment factories that raised
+        self.env_close_failures = 0  # environment closes that raised or were dropped
+        self.member_failures = 0  # members that could not run at all (their group was dropped)
         self.status_counts: collections.Counter[TrajectoryStatus] = collections.Counter()
 
     @property
@@ -193,6 +205,12 @@ class Orchestrator:
 
     def _forget(self, group_id: str) -> Callable[[asyncio.Task], None]:
         def done(job: asyncio.Task) -> None:
+            # The slot is freed here, not in `_member`: a member cancelled before its first step
+            # (its group doomed or withdrawn meanwhile) never runs its own `finally`.
+            self._free.release()
+            if job not in self._started:
+                self.status_counts[TrajectoryStatus.CANCELLED] += 1
+            self._started.discard(job)
             self._running.discard(job)
             members = self._members.get(group_id)
             if members is not None:
@@ -203,21 +221,37 @@ class Orchestrator:
         return done
 
     async def _member(self, item: NumberedTask, member: int) -> None:
+        self._started.add(asyncio.current_task())
+        attempt = 0
+        while True:
+            trajectory = await self._guarded_episode(item, member, attempt)
+            if trajectory is None:
+                return
+            self.status_counts[trajectory.status] += 1
+            if not self.queue.should_retry(trajectory, attempt):
+                if await self.queue.put(trajectory) == Admitted.DOOMED:
+                    self._cancel_members(item.group_id)
+                return
+            tracer = tracing.get()  # the failed attempt's flow ends here
+            tracer.instant(tracer.track("rollout"), "retry", ends=(flow_id(trajectory.id),))
+            attempt += 1
+            self.retries += 1
+
+    async def _guarded_episode(
+        self, item: NumberedTask, member: int, attempt: int
+    ) -> Trajectory | None:
+        """The member's trajectory, or None when it could not run (its group is then dropped)."""
         try:
-            attempt = 0
-            while True:
-                trajectory = await self._episode(item, member, attempt)
-                self.status_counts[trajectory.status] += 1
-                if not self.queue.should_retry(trajectory, attempt):
-                    if await self.queue.put(trajectory) == Admitted.DOOMED:
-                        self._cancel_members(item.group_id)
-                    return
-                tracer = tracing.get()  # the failed attempt's flow ends here
-                tracer.instant(tracer.track("rollout"), "retry", ends=(flow_id(trajectory.id),))
-                attempt += 1
-                self.retries += 1
-        finally:
-            self._free.release()
+            return await self._episode(item, member, attempt)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("group %s member %d could not run", item.group_id, member)
+            self.member_failures += 1
+            self.status_counts[TrajectoryStatus.ENV_ERROR] += 1
+            if self.queue.fail(item.group_id):
+                self._cancel_members(item.group_id)
+            return None
 
     def _cancel_members(self, group_id: str) -> None:
         if not self.settings.cancel_doomed:
@@ -248,6 +282,7 @@ class Orchestrator:
             env = self.make_env(item.task)
         except Exception as e:  # a factory bug or an unregistered environment: this group's only
             log.warning("environment for task %s could not be built: %.200s", item.task.id, e)
+            self.env_build_failures += 1
             env = _Unbuilt(e)
         episode = Episode(spec, self.engine, self.make_agent(), env, s.limits)
         try:
@@ -255,6 +290,9 @@ class Orchestrator:
         except asyncio.CancelledError:
             self.status_counts[TrajectoryStatus.CANCELLED] += 1
             raise
+        finally:
+            if episode.close_error:
+                self.env_close_failures += 1
 
     def stop(self) -> None:
         """Start no new groups; running episodes finish normally."""

@@ -1,18 +1,23 @@
 """Runs the tool calls of a turn: validation, parallelism, deadlines, output caps, per-tool limits.
 
-Every outcome is a `ToolResult`, never an exception: an unknown tool, arguments that do not fit the
-schema, a tool that raises, one that outlives its deadline (cancelled for real: the awaiting task is
-cancelled, and the sandbox kills its process group) and one whose output is too long.
+Every outcome is a `ToolResult`, never an exception: an unknown tool, arguments that are not JSON,
+break the call limits (`call_limits.py`) or do not fit the schema, a tool that raises, one that
+returns something other than text, one that outlives its deadline (cancelled for real: the awaiting
+task is cancelled, and the sandbox kills its process group; one that ignores the cancellation is
+dropped after `deadlines.GRACE_S`, see `deadlines.py`) and one whose output is too long. Output and
+error text are both cut to `output_chars`: a tool's exception message is model input like its
+output.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import Iterable, Mapping, Sequence
 
 from asyncrl.tools.base import Tool, ToolResult, ToolStatus
+from asyncrl.tools.call_limits import CallError, load_call_json
+from asyncrl.tools.deadlines import within
 from asyncrl.tools.schema import validate_arguments
 from asyncrl.types import ToolCall
 
@@ -52,49 +57,63 @@ class ToolExecutor:
         tool = self.tools.get(call.name)
         if tool is None:
             known = ", ".join(sorted(self.tools)) or "none"
-            return _result(
-                call,
-                ToolStatus.UNKNOWN_TOOL,
-                start,
-                error=f"no tool named {call.name!r}; available: {known}",
-            )
+            error = f"no tool named {call.name!r}; available: {known}"
+            return self._result(call, ToolStatus.UNKNOWN_TOOL, start, error=error)
         try:
-            arguments = json.loads(call.arguments_json)
-        except json.JSONDecodeError as e:
-            return _result(call, ToolStatus.INVALID_ARGUMENTS, start, error=f"not JSON: {e.msg}")
-        problem = validate_arguments(tool.schema, arguments)
+            arguments = load_call_json(call.arguments_json)
+        except CallError as e:
+            return self._result(call, ToolStatus.INVALID_ARGUMENTS, start, error=str(e))
+        try:
+            problem = validate_arguments(tool.schema, arguments)
+        except Exception as e:  # the tool's own schema is broken: the tool fails, not the run
+            return self._result(call, ToolStatus.ERROR, start, error=f"bad schema: {_describe(e)}")
         if problem is not None:
-            return _result(call, ToolStatus.INVALID_ARGUMENTS, start, error=problem)
+            return self._result(call, ToolStatus.INVALID_ARGUMENTS, start, error=problem)
         limit = self._limits.get(call.name)
         try:
             if limit is None:
-                output = await asyncio.wait_for(tool(**arguments), self.timeout_s)
+                output = await self._run(tool, arguments)
             else:
                 async with limit:
-                    output = await asyncio.wait_for(tool(**arguments), self.timeout_s)
+                    output = await self._run(tool, arguments)
         except TimeoutError:
-            return _result(
-                call, ToolStatus.TIMEOUT, start, error=f"no result within {self.timeout_s:g} s"
-            )
+            error = f"no result within {self.timeout_s:g} s"
+            return self._result(call, ToolStatus.TIMEOUT, start, error=error)
         except asyncio.CancelledError:
             raise
         except Exception as e:  # a tool's failure is an outcome of the episode, not of the run
-            return _result(call, ToolStatus.ERROR, start, error=f"{type(e).__name__}: {e}")
+            return self._result(call, ToolStatus.ERROR, start, error=_describe(e))
+        if not isinstance(output, str):
+            error = f"the tool returned {type(output).__name__}, not text"
+            return self._result(call, ToolStatus.ERROR, start, error=error)
         if len(output) > self.output_chars:
-            return _result(
-                call,
-                ToolStatus.OUTPUT_TRUNCATED,
-                start,
-                output=output[: self.output_chars] + " …[truncated]",
-            )
-        return _result(call, ToolStatus.OK, start, output=output)
+            output = _cut(output, self.output_chars)
+            return self._result(call, ToolStatus.OUTPUT_TRUNCATED, start, output=output)
+        return self._result(call, ToolStatus.OK, start, output=output)
+
+    async def _run(self, tool: Tool, arguments: object) -> object:
+        return await within(tool(**arguments), self.timeout_s, label=f"tool {tool.name}")
+
+    def _result(
+        self, call: ToolCall, status: ToolStatus, start: float, output: str = "", error: str = ""
+    ) -> ToolResult:
+        return ToolResult(
+            name=call.name,
+            status=status,
+            output=output,
+            error=_cut(error, self.output_chars),
+            seconds=time.monotonic() - start,
+        )
 
 
-def _result(call: ToolCall, status: ToolStatus, start: float, output: str = "", error: str = ""):
-    return ToolResult(
-        name=call.name,
-        status=status,
-        output=output,
-        error=error,
-        seconds=time.monotonic() - start,
-    )
+def _cut(text: str, chars: int) -> str:
+    return text if len(text) <= chars else text[:chars] + " …[truncated]"
+
+
+def _describe(error: BaseException) -> str:
+    """`Type: message`; a message that cannot be rendered (its __str__ raises) is named as such."""
+    try:
+        message = str(error)
+    except Exception:
+        message = "<the error's message could not be rendered>"
+    return f"{type(error).__name__}: {message}"

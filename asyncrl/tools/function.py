@@ -1,25 +1,38 @@
 """Tools made from plain Python callables: functions (sync or async) and stateful objects.
 
-Sync functions run in a worker thread so they never block the event loop. Python cannot kill a
-thread: on timeout the executor stops waiting and the episode goes on, but a sync function that
-hangs keeps its thread. Anything that can hang belongs in an async function or in the subprocess
-sandbox (`tools/python_sandbox.py`), which are cancelled for real.
+Sync functions run on a `ToolThreads` pool (`tools/threads.py`), never on asyncio's default
+executor, so they neither block the event loop nor compete with anything else's threads. Python
+cannot kill a thread: on timeout the executor stops waiting and the episode goes on, while a sync
+function that hangs keeps its (abandoned, counted, replaced) thread. Anything that can hang belongs
+in an async function or in the subprocess sandbox (`tools/python_sandbox.py`), which are cancelled
+for real.
 """
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 import json
 from collections.abc import Callable
 
+from asyncrl.tools import threads
 from asyncrl.tools.schema import function_schema
+
+DEFAULT_WORKERS = (
+    8  # pool size for a tool built without one (tests, scripts); runs: env.tool_workers
+)
 
 
 class FunctionTool:
-    def __init__(self, fn: Callable[..., object], name: str | None = None) -> None:
+    def __init__(
+        self,
+        fn: Callable[..., object],
+        name: str | None = None,
+        *,
+        pool: threads.ToolThreads | None = None,
+    ) -> None:
         self._fn = fn
         self._name = name or fn.__name__
+        self._pool = pool
         self._description, self._schema = function_schema(fn)
 
     @property
@@ -38,7 +51,8 @@ class FunctionTool:
         if inspect.iscoroutinefunction(self._fn):
             result = await self._fn(**arguments)
         else:
-            result = await asyncio.to_thread(self._fn, **arguments)
+            pool = self._pool or threads.shared(DEFAULT_WORKERS)
+            result = await pool.run(self._fn, **arguments)
         return result if isinstance(result, str) else json.dumps(result)
 
 
