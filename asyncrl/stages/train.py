@@ -2,8 +2,9 @@
 
 Builds the placement (colocated, disaggregated or remote), the learner on the train mesh, the
 engine, and the training loop from the restored (or fresh) `TrainRecord`, with evaluation,
-checkpoint and progress hooks; runs it; writes the trained model (HF safetensors), the metrics
-(JSONL), the plots and the trace under `<run>/train/`, and its `TrainResult` (run_layout.py).
+checkpoint and progress hooks (`wiring/train_run.py`); runs it; writes the trained model (HF
+safetensors), the metrics (JSONL), the plots and the trace under `<run>/train/`, and its
+`TrainResult` (run_layout.py).
 """
 
 from __future__ import annotations
@@ -12,38 +13,25 @@ import asyncio
 import contextlib
 import json
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import ClassVar
-
-import jax
-import jax.numpy as jnp
 
 from asyncrl import tracing
 from asyncrl.checkpoint.manager import Checkpointer, digest, flatten
-from asyncrl.checkpoint.train_record import TrainRecord
 from asyncrl.config import RunConfig
-from asyncrl.learner.hooks import LoopHooks, Phase
 from asyncrl.learner.learner import Learner
-from asyncrl.learner.loop import TrainingLoop
 from asyncrl.learner.state import LoopState
 from asyncrl.metrics.plots import lag_histogram, learning_curve, queue_occupancy, reward_curve
-from asyncrl.metrics.progress import Progress
 from asyncrl.metrics.tracker import JsonlTracker, TensorBoardTracker, Tracker, Trackers
 from asyncrl.model import build_model
 from asyncrl.model import hf_checkpoint as hf
 from asyncrl.run_layout import RunLayout, Stage
 from asyncrl.sampling.protocol import RolloutEngine
-from asyncrl.tracing.counters import CounterSampler
 from asyncrl.wiring import faults
 from asyncrl.wiring.devices import Placement, make_placement
 from asyncrl.wiring.episodes import Wiring
-from asyncrl.wiring.training import (
-    local_engine,
-    remote_engine,
-    resume,
-    rollout_plan,
-    training_tasks,
-)
+from asyncrl.wiring.train_run import TrainRun
+from asyncrl.wiring.training import local_engine, remote_engine, resume
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -96,7 +84,16 @@ def train(cfg: RunConfig, layout: RunLayout, init_model: str | None = None) -> T
         tracker = _tracker(cfg, layout)
         stack.callback(tracker.close)
         engine.warmup()
-        run = _Run(cfg, wiring, learner, engine, placement, tracker, checkpointer)
+        run = TrainRun(
+            cfg=cfg,
+            wiring=wiring,
+            learner=learner,
+            engine=engine,
+            placement=placement,
+            tracker=tracker,
+            checkpointer=checkpointer,
+            kill=faults.kill_point(),
+        )
         run.evals.extend(record.evals)
         with tracing.tracing(_tracer(cfg, layout)):
             state = asyncio.run(run.main(record.state))
@@ -172,100 +169,3 @@ def _result(layout, learner, state: LoopState, evals, seconds: float) -> TrainRe
         learner_idle_fraction=state.learner_idle_fraction,
         curve=str(curve),
     )
-
-
-@dataclass(eq=False)
-class _Run:
-    """One training run's event-loop side: evaluation, checkpoint and progress around the loop."""
-
-    cfg: RunConfig
-    wiring: Wiring
-    learner: Learner
-    engine: RolloutEngine
-    placement: Placement
-    tracker: Tracker
-    checkpointer: Checkpointer
-    evals: list[dict[str, float]] = field(default_factory=list)
-    kill: object = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.saved_step = self.learner.step  # restored (or initial) state: nothing new to save
-        self.progress = Progress(self.cfg.learner.steps, "train")
-        self.kill = faults.kill_point()
-
-    def at_phase(self, phase: Phase, step: int) -> None:
-        if self.kill is not None:
-            self.kill(phase, step)  # type: ignore[operator]
-
-    async def evaluate(self, step: int) -> None:
-        with tracing.span("rollout", "held-out evaluation", {"step": step}):
-            summary = await self.wiring.evaluate(self.engine, tag=f"eval{step}")
-        row = {
-            "solve_rate": summary.solve_rate,
-            "mean_reward": summary.mean_reward,
-            "episodes": float(summary.episodes),
-            **{f"solve_rate/{f}": v for f, v in summary.by_family},
-            **{f"status/{s}": float(n) for s, n in summary.statuses},
-        }
-        self.evals.append({"step": float(step), **row})
-        self.tracker.log(step, row, kind="eval")
-
-    async def after_step(self, step: int, loop: TrainingLoop) -> None:
-        every = self.cfg.learner.eval_every
-        if every and step % every == 0:
-            await self.evaluate(step)
-        every = self.cfg.checkpoint.every_steps
-        if every and step % every == 0:
-            self.save(loop.state())
-        m = loop.last_metrics
-        shown = {
-            "reward": f"{m.get('reward', 0):.3f}",
-            "lag": f"{m.get('policy_lag_mean', 0):.2f}",
-            "groups/min": f"{m.get('groups_per_min', 0):.0f}",
-        }
-        if "entropy" in m:
-            shown["entropy"] = f"{m['entropy']:.3f}"
-        self.progress.update(step, shown)
-
-    def save(self, state: LoopState) -> None:
-        step = self.learner.step
-        if self.saved_step == step:
-            return
-        self.saved_step = step
-        record = TrainRecord.of(state, tuple(self.evals), self.cfg)
-        # A copy: the next train step donates the learner's buffers while Orbax still writes.
-        with tracing.span("checkpointer", "checkpoint save", {"step": step}):
-            snapshot = jax.tree.map(jnp.copy, self.learner.state)
-            self.checkpointer.save(snapshot, record.to_json())
-        self.at_phase(Phase.CHECKPOINT, step)  # Orbax writing in the background
-
-    async def main(self, restored: LoopState) -> LoopState:
-        cfg = self.cfg
-        if not self.evals:
-            await self.evaluate(self.learner.step)
-        loop = TrainingLoop.from_state(
-            restored,
-            self.learner,
-            rollout_plan(cfg, self.wiring, self.engine),
-            cfg.learner,
-            hooks=LoopHooks(after_step=(self.after_step,), at_phase=self.at_phase),
-            tracker=self.tracker,
-            device_lock=self.placement.device_lock,
-        )
-        sampler = CounterSampler(
-            self.engine, loop.orchestrator, loop.queue, cfg.tracing.counter_interval_s
-        )
-        sampling = asyncio.create_task(sampler.run())
-        try:
-            state = await loop.run(
-                training_tasks(cfg).at, cfg.learner.steps, cfg.learner.time_budget_s
-            )
-        finally:
-            sampling.cancel()
-        if self.evals[-1]["step"] != self.learner.step:
-            await self.evaluate(self.learner.step)
-        self.save(state)
-        with tracing.span("checkpointer", "checkpoint finalize"):
-            self.checkpointer.wait()
-        self.progress.close()
-        return state
