@@ -50,6 +50,8 @@ class ToolExecutor:
 
     async def call_all(self, calls: Sequence[ToolCall]) -> tuple[ToolResult, ...]:
         """All calls of one turn, concurrently; results in call order."""
+        if len(calls) == 1:  # the common turn: no task per call (gather would make one)
+            return (await self.call(calls[0]),)
         return tuple(await asyncio.gather(*(self.call(c) for c in calls)))
 
     async def call(self, call: ToolCall) -> ToolResult:
