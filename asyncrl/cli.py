@@ -80,15 +80,10 @@ def _cmd_train(args: argparse.Namespace) -> int:
     from asyncrl.cloud.distributed import initialize_from_env
 
     initialize_from_env()  # a JobSet trainer pod joins its slice's JAX job (no-op elsewhere)
-    from asyncrl.checkpoint.manager import CheckpointError
     from asyncrl.stages.train import train
 
     layout = _run_dir(args, cfg)
-    try:
-        tr = train(cfg, layout, init_model=args.init_model)
-    except CheckpointError as e:
-        print(f"asyncrl: {e}", file=sys.stderr)
-        return 2
+    tr = train(cfg, layout, init_model=args.init_model)  # a CheckpointError: `main` says it
     print(
         f"train: {tr.steps} steps, held-out solve rate {100 * tr.initial_solve_rate:.1f}% -> "
         f"{100 * tr.final_solve_rate:.1f}% ({layout.root}/train/)"
@@ -260,12 +255,14 @@ def _cmd_jobset_render(args: argparse.Namespace) -> int:
 
 
 def _cmd_rollout_server(args: argparse.Namespace) -> int:
-    """A rollout replica for placement 'remote': serve an engine on a TCP port."""
+    """A rollout replica for placement 'remote': serve an engine on a TCP port until killed."""
     cfg = load_config(args.config, args.overrides)
-    from asyncrl.serving.replica import serve
+    import logging
 
-    serve(cfg, args.host, args.port, args.init_model, args.ready_file)
-    return 0
+    from asyncrl.serving import replica
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    return replica.run(cfg, args)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -325,11 +322,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     rs = sub.add_parser("rollout-server", help="serve a rollout engine (placement: remote)")
     _config_args(rs)
-    rs.add_argument("--host", default="127.0.0.1")
-    rs.add_argument("--port", type=int, default=0, help="0 = any free port")
-    rs.add_argument("--init-model", help="HF model folder to start from")
-    rs.add_argument("--ready-file", help="write host:port here once serving")
-    rs.add_argument("--run-dir", help="(accepted for symmetry with train; unused)")
+    from asyncrl.serving.replica import add_arguments as replica_arguments
+
+    replica_arguments(rs)  # the same flags as `python -m asyncrl.serving.replica`
     rs.set_defaults(func=_cmd_rollout_server)
 
     prov = sub.add_parser("provision", help="create or reuse the GKE TPU node pool")
@@ -400,6 +395,9 @@ _EXPECTED: dict[str, int] = {
     "asyncrl.model.hf_checkpoint.CheckpointMismatch": 2,
     "asyncrl.cloud.jobset.JobSetError": 2,
     "asyncrl.gates.champion.RegistryError": 2,
+    "asyncrl.serving.auth.TokenError": 2,
+    "asyncrl.serving.replica.ReplicaError": 2,
+    "asyncrl.storage.UnsafeObjectName": 2,
     "asyncrl.pipeline.remote.KfpError": 3,
     "asyncrl.cloud.provision.ProvisionError": 3,
 }

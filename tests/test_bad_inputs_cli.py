@@ -135,6 +135,89 @@ def test_train_with_a_file_as_the_run_dir_exits_2(capsys, tmp_path):
     assert str(tmp_path / "f") in line and "not a folder" in line
 
 
+def _micro(tmp_path: Path, *overrides: str) -> str:
+    from asyncrl.testing.configs import micro_config
+
+    (tmp_path / "micro.yaml").write_text(to_yaml(micro_config(*overrides)))
+    return str(tmp_path / "micro.yaml")
+
+
+def test_a_reused_run_id_with_another_config_exits_2_naming_the_difference(capsys, tmp_path):
+    from asyncrl.testing.configs import micro_config
+
+    run = tmp_path / "r1"
+    run.mkdir()
+    pipeline = [f"pipeline.runs_dir={tmp_path}", "pipeline.run_id=r1"]
+    recorded = to_yaml(micro_config(*pipeline))
+    (run / "config.yaml").write_text(recorded)
+    line = fails(capsys, ["train", _micro(tmp_path, *pipeline), "learner.lr=0.5"])
+    assert "config key 'pipeline.run_id': 'r1' is an existing run with another config" in line
+    assert "(learner.lr: 1e-05 → 0.5); use a new run id" in line
+    assert (run / "config.yaml").read_text() == recorded and sorted(run.iterdir()) == [
+        run / "config.yaml"
+    ]
+
+
+def test_a_run_whose_recorded_config_is_unreadable_exits_2(capsys, tmp_path):
+    run = tmp_path / "r1"
+    run.mkdir()
+    (run / "config.yaml").write_text("learner: [")
+    argv = ["train", _micro(tmp_path), f"pipeline.runs_dir={tmp_path}", "pipeline.run_id=r1"]
+    line = fails(capsys, argv)
+    assert f"{run / 'config.yaml'}: the run's recorded config is unreadable" in line
+
+
+@pytest.mark.slow  # the train stage builds its learner before its checkpointer: ~15 s
+def test_train_with_a_file_as_checkpoint_dir_exits_2_naming_the_key(capsys, tmp_path):
+    (tmp_path / "f").write_text("x")
+    config = _micro(tmp_path, f"checkpoint.dir={tmp_path / 'f'}", "learner.steps=1")
+    line = fails(capsys, ["train", config, "--run-dir", str(tmp_path / "run")])
+    assert line.startswith(f"asyncrl: checkpoint.dir: '{tmp_path / 'f'}' is a file")
+    assert (tmp_path / "f").read_text() == "x"
+
+
+# -- rollout-server: every input is checked before the engine is built ---------------------------
+
+
+ROLLOUT_SERVER_CASES = {  # flags over the good ones (None: leave the flag out), overrides, fragment
+    "token-missing": ({"--token-file": "{tmp}/none"}, [], "cannot read the rollout token file"),
+    "token-empty": ({"--token-file": "{tmp}/empty"}, [], "token file {tmp}/empty is empty"),
+    "token-short": ({"--token-file": "{tmp}/short"}, [], "must be 16 to 4096 printable"),
+    "no-token": ({"--token-file": None}, [], "no rollout token configured: pass --token-file"),
+    "no-weights-root": ({"--run-dir": None}, [], "needs its weights root: pass --run-dir or"),
+    "weights-root-file": ({"--weights-root": "{tmp}/token"}, [], "{tmp}/token exists and is not"),
+    "port-high": ({"--port": "70000"}, [], "--port: got 70000; allowed: 0 (any free port) to"),
+    "port-negative": ({"--port": "-1"}, [], "--port: got -1;"),
+    "host-name": ({"--host": "localhost"}, [], "--host: got 'localhost'; allowed: an IP address"),
+    "host-bad-ip": ({"--host": "10.0.0.300"}, [], "--host: got '10.0.0.300';"),
+    "connections": ({"--max-connections": "-1"}, [], "--max-connections: got -1;"),
+    "timeout-nan": ({"--read-timeout-s": "nan"}, [], "--read-timeout-s: got nan;"),
+    "timeout-zero": ({"--read-timeout-s": "0"}, [], "--read-timeout-s: got 0.0;"),
+    "timeout-inf": ({"--read-timeout-s": "inf"}, [], "--read-timeout-s: got inf;"),
+    "config-port": ({}, ["cluster.rollout_port=0"], "'cluster.rollout_port': got 0; allowed: 1"),
+    "config-host": ({}, ["cluster.rollout_bind_host=any"], "'cluster.rollout_bind_host': got"),
+    "config-secret": ({}, ["cluster.rollout_token_secret=A_b"], "(DNS-1123 subdomain)"),
+}
+
+
+@pytest.mark.parametrize("case", list(ROLLOUT_SERVER_CASES))
+def test_rollout_server_refuses_bad_input_before_building(capsys, monkeypatch, tmp_path, case):
+    from asyncrl.serving.auth import TOKEN_ENV
+
+    changes, overrides, fragment = ROLLOUT_SERVER_CASES[case]
+    monkeypatch.delenv(TOKEN_ENV, raising=False)
+    (tmp_path / "token").write_text("a-test-token-0123456789\n")
+    (tmp_path / "empty").write_text("\n")
+    (tmp_path / "short").write_text("short\n")
+    flags = {"--token-file": "{tmp}/token", "--run-dir": "{tmp}/run"} | changes
+    argv = ["rollout-server", LOCAL, *overrides]
+    for flag, value in flags.items():
+        if value is not None:
+            argv += [flag, value.replace("{tmp}", str(tmp_path))]
+    assert fragment.replace("{tmp}", str(tmp_path)) in fails(capsys, argv)
+    assert not (tmp_path / "run").exists()  # refused before anything was made
+
+
 # -- trace summary ------------------------------------------------------------------------------
 
 
@@ -220,12 +303,31 @@ def test_an_expected_error_exits_2_with_one_line(capsys, monkeypatch, error, fra
 
 
 def test_an_error_of_the_projects_own_input_kinds_exits_2(capsys, monkeypatch):
+    from asyncrl.checkpoint.manager import CheckpointError
     from asyncrl.run_layout import LayoutError
+    from asyncrl.serving.auth import TokenError
+    from asyncrl.serving.replica import ReplicaError
+    from asyncrl.storage import UnsafeObjectName
     from asyncrl.tracing.reader import TraceError
 
-    for error in (LayoutError("run folder x: bad result"), TraceError("t: not a trace")):
+    for error in (
+        LayoutError("run folder x: bad result"),
+        TraceError("t: not a trace"),
+        TokenError("the rollout token file /t is empty or over 4096 bytes"),
+        UnsafeObjectName("gs://b/ckpt/10//tmp/x: refused the name '/tmp/x'"),
+        CheckpointError("checkpoint step 3 at /c is corrupted"),
+        ReplicaError("cannot bind 127.0.0.1:8470: Address already in use"),
+    ):
         _raising(monkeypatch, error)
-        assert str(error) in fails(capsys, ["config", "show", LOCAL])
+        assert fails(capsys, ["config", "show", LOCAL]) == f"asyncrl: {error}"
+
+
+def test_a_multi_line_checkpoint_error_becomes_one_line(capsys, monkeypatch):
+    from asyncrl.checkpoint.manager import CheckpointError
+
+    _raising(monkeypatch, CheckpointError("step 3 was made by an incompatible config:\n  a: 1"))
+    line = fails(capsys, ["config", "show", LOCAL])
+    assert line == "asyncrl: step 3 was made by an incompatible config: a: 1"
 
 
 def test_a_multi_line_message_becomes_one_line(capsys, monkeypatch):

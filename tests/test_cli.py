@@ -77,3 +77,24 @@ def test_run_executes_the_pipeline_and_exits_by_its_outcome(tmp_path):
     assert json.loads((run / "train" / "train.json").read_text())["steps"] == 2
     assert json.loads((run / "teardown.json").read_text())["pipeline_state"] == "SUCCEEDED"
     assert (run / "report.html").exists() and (run / "train" / "learning_curve.png").exists()
+
+
+def test_rollout_server_takes_the_same_flags_as_the_replica_module():
+    import argparse
+
+    from asyncrl.serving import replica
+
+    def flags(parser):
+        return {o for a in parser._actions for o in a.option_strings}
+
+    module = argparse.ArgumentParser()
+    replica.add_arguments(module)
+    (sub,) = [a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
+    cli_flags = flags(sub.choices["rollout-server"])
+    assert cli_flags == flags(module)
+    assert {"--host", "--port", "--token-file", "--run-dir", "--weights-root"} <= cli_flags
+    assert {"--init-model", "--ready-file", "--max-connections", "--read-timeout-s"} <= cli_flags
+    argv = ["c.yaml", "--host", "0.0.0.0", "--port", "8470", "--token-file", "/t", "--run-dir", "r"]
+    args = build_parser().parse_args(["rollout-server", *argv])
+    assert (args.host, args.port, args.token_file, args.run_dir) == ("0.0.0.0", 8470, "/t", "r")
+    assert args.max_connections is None and args.read_timeout_s is None  # = the config's keys

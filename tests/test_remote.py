@@ -6,6 +6,8 @@ import signal
 import threading
 import time
 
+import pytest
+
 from asyncrl.testing.configs import micro_config
 
 
@@ -63,8 +65,6 @@ def test_remote_placement_trains_and_survives_a_killed_replica(tmp_path, monkeyp
 def test_with_every_replica_gone_the_orchestrator_stops_with_a_clear_error(tmp_path):
     import asyncio
 
-    import pytest
-
     from asyncrl.envs.tasks import task_stream
     from asyncrl.rollout.groups import GroupQueue
     from asyncrl.rollout.orchestrator import Orchestrator, OrchestratorSettings
@@ -102,3 +102,91 @@ def test_health_checks_mark_a_silent_replica_dead(tmp_path):
         time.sleep(0.05)
     engine.close()
     assert engine.exhausted and engine.lost == [f"127.0.0.1:{port}"]
+
+
+# -- the replica as an operator starts it ---------------------------------------------------------
+
+# The smallest engine the micro model allows: one prefill shape and one decode window to compile.
+TINY_ENGINE = (
+    "env.max_context=64",
+    "rollout.prefill_buckets=[16]",
+    "rollout.attention_windows=[64]",
+    "rollout.engine_slots=1",
+    "rollout.max_concurrency=4",
+    "rollout.max_tokens=16",
+    "env.max_response_tokens=16",
+    "learner.max_response_length=32",
+)
+
+
+def test_the_replica_settings_come_from_the_config_and_flags_override_them():
+    from asyncrl.serving.replica import settings_for
+
+    cfg = micro_config(
+        "cluster.rollout_bind_host=0.0.0.0",
+        "cluster.rollout_port=9001",
+        "cluster.rollout_read_timeout_s=7",
+    )
+    s = settings_for(cfg)
+    # rollout.max_concurrency=8 in the micro config: 2 x 8 + 16 connections when the key is 0.
+    assert (s.host, s.port, s.max_connections, s.read_timeout_s) == ("0.0.0.0", 9001, 32, 7.0)
+    s = settings_for(cfg, host="127.0.0.1", port=0, max_connections=5, read_timeout_s=1.5)
+    assert (s.host, s.port, s.max_connections, s.read_timeout_s) == ("127.0.0.1", 0, 5, 1.5)
+    capped = settings_for(micro_config("cluster.rollout_max_connections=3"))
+    assert capped.max_connections == 3
+
+
+def test_the_client_keeps_the_configured_number_of_weight_versions():
+    from asyncrl.serving.client import ClientSettings
+    from asyncrl.serving.wire import reply_bytes_for
+
+    s = ClientSettings.of(micro_config("cluster.rollout_keep_versions=5"))
+    assert s.keep_versions == 5 and s.max_reply_bytes == reply_bytes_for(256)
+
+
+@pytest.mark.slow  # the replica compiles its engine first: ~15 s alone, a minute on a busy host
+@pytest.mark.entry
+def test_asyncrl_rollout_server_serves_token_holders_only(tmp_path, monkeypatch):
+    """`asyncrl rollout-server` with a token file on port 0: it announces its address in the ready
+    file, answers an authenticated health call, refuses a peer without the token, and stops on
+    SIGTERM."""
+    import subprocess
+    import sys
+
+    from asyncrl.config import to_yaml
+    from asyncrl.serving.auth import TOKEN_ENV, load_token
+    from asyncrl.serving.client import RemoteEngine
+
+    monkeypatch.delenv(TOKEN_ENV, raising=False)  # the flag is the only way to the token
+    config, token_file, ready = tmp_path / "c.yaml", tmp_path / "token", tmp_path / "address"
+    config.write_text(to_yaml(micro_config()))
+    token_file.write_text("an-operator's-token-0123456789\n")
+    token_file.chmod(0o600)
+    cmd = [sys.executable, "-m", "asyncrl.cli", "rollout-server", str(config), *TINY_ENGINE]
+    cmd += ["--port", "0", "--token-file", str(token_file), "--ready-file", str(ready)]
+    cmd += ["--weights-root", str(tmp_path / "weights")]
+    log = (tmp_path / "replica.log").open("w")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 300
+        while not ready.exists():
+            assert proc.poll() is None, (tmp_path / "replica.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, "the replica did not announce itself"
+            time.sleep(0.1)
+        host, port = ready.read_text().rsplit(":", 1)
+        address = [(host, int(port))]
+        assert host == "127.0.0.1" and int(port) > 0  # loopback by default, a free port
+
+        holder = RemoteEngine(address, tmp_path, None, 0, token=load_token(token_file))
+        health = holder.health()[f"{host}:{port}"]
+        assert health["ok"] is True and health["version"] == 0
+
+        stranger = RemoteEngine(address, tmp_path, None, 0)  # no token anywhere
+        assert stranger.health()[f"{host}:{port}"]["ok"] is False
+        assert stranger.exhausted and stranger.replicas[0].cause.startswith("auth: ")
+        assert holder.health()[f"{host}:{port}"]["ok"] is True  # still serving its peers
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    assert proc.returncode == -signal.SIGTERM
+    assert f"LISTENING {host}:{port}" in (tmp_path / "replica.log").read_text()

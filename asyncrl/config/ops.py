@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Literal
 
-from asyncrl.config.errors import ConfigError, abbreviate, require, seconds
+from asyncrl.config.errors import ConfigError, abbreviate, bounds, require, seconds
 
 Placement = Literal["colocated", "disaggregated", "remote"]
 Backend = Literal["local", "gke"]
@@ -24,6 +24,12 @@ GS = "gs://"
 _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")
 _BUCKET = re.compile(r"^[a-z0-9][a-z0-9._-]*[a-z0-9]$")
 _LOCATION = "a local path or gs://bucket/path"
+# A Kubernetes object name that must be a DNS-1123 subdomain (Secrets among them).
+_DNS1123 = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_DNS1123_ALLOWED = (
+    "a Kubernetes object name (DNS-1123 subdomain): at most 253 characters of a-z, 0-9, '-' "
+    "and '.', starting and ending with a-z or 0-9"
+)
 
 
 def check_location(key: str, value: str) -> None:
@@ -88,6 +94,20 @@ class ClusterConfig:
     tpu_topology: str = ""
     # Rollout replicas (separate processes or pods) when placement is "remote".
     rollout_replicas: int = 0
+    # Address and port a replica binds (`asyncrl rollout-server --host/--port` override them).
+    # Loopback by default; a replica in a pod binds 0.0.0.0 so the trainer can reach it.
+    rollout_bind_host: str = "127.0.0.1"
+    rollout_port: int = 8470
+    # Kubernetes Secret holding the shared token of trainer and replicas (mounted as a file; the
+    # token itself is never a config value).
+    rollout_token_secret: str = "asyncrl-rollout-token"
+    # Connections a replica serves at once; beyond it a peer gets `busy` (0 = room for every
+    # episode the trainer runs at once: 2 x rollout.max_concurrency + 16).
+    rollout_max_connections: int = field(default=0, metadata=bounds(0, 65536))
+    # Seconds a peer has to send its whole request line to a replica.
+    rollout_read_timeout_s: float = field(default=30.0, metadata=seconds())
+    # Weight versions kept in the weights root after a publish (the one just sent included).
+    rollout_keep_versions: int = field(default=2, metadata=bounds(1, 1000))
     # GCP project, location and cluster for the gke backend.
     project: str = ""
     location: str = ""
@@ -122,6 +142,7 @@ class ClusterConfig:
             self.rollout_replicas,
             "at least 1 when placement is 'remote'",
         )
+        self._check_rollout_serving()
         require(
             not self.tpu_topology or bool(_TOPOLOGY.match(self.tpu_topology)),
             "tpu_topology",
@@ -133,6 +154,49 @@ class ClusterConfig:
                 value = getattr(self, name)
                 require(bool(value), name, value, "a non-empty value when backend is 'gke'")
             require(self.tpu_type != "none", "tpu_type", self.tpu_type, "v5e, v5p or v6e on gke")
+
+    def _check_rollout_serving(self) -> None:
+        require(
+            is_ip(self.rollout_bind_host),
+            "rollout_bind_host",
+            self.rollout_bind_host,
+            "an IP address: 127.0.0.1 (loopback), 0.0.0.0 (all interfaces, as in a pod) or ::",
+        )
+        require(1 <= self.rollout_port <= 65535, "rollout_port", self.rollout_port, "1 to 65535")
+        require(
+            len(self.rollout_token_secret) <= 253
+            and bool(_DNS1123.match(self.rollout_token_secret)),
+            "rollout_token_secret",
+            self.rollout_token_secret,
+            _DNS1123_ALLOWED,
+        )
+        require(
+            self.rollout_max_connections >= 0,
+            "rollout_max_connections",
+            self.rollout_max_connections,
+            "an integer >= 1, or 0 for 2 x rollout.max_concurrency + 16",
+        )
+        require(
+            self.rollout_read_timeout_s > 0,
+            "rollout_read_timeout_s",
+            self.rollout_read_timeout_s,
+            "a number of seconds > 0",
+        )
+        require(
+            self.rollout_keep_versions >= 1,
+            "rollout_keep_versions",
+            self.rollout_keep_versions,
+            "an integer >= 1",
+        )
+
+
+def is_ip(text: str) -> bool:
+    """Whether `text` is an IPv4 or IPv6 address (what a replica may bind)."""
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -25,6 +25,7 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
+from asyncrl.config import RunConfig
 from asyncrl.sampling.protocol import EngineClosed, PromptTooLong
 from asyncrl.sampling.stats import EngineStats
 from asyncrl.serving import weights
@@ -35,6 +36,7 @@ from asyncrl.serving.wire import (
     completion_from_json,
     decode,
     encode,
+    reply_bytes_for,
     request_to_json,
 )
 from asyncrl.types import Completion, GenerateRequest
@@ -76,6 +78,16 @@ class ClientSettings:
     publish_timeout_s: float = 300.0
     max_reply_bytes: int = DEFAULT_REPLY_BYTES
     keep_versions: int = 2  # weight folders kept after a publish (the one just sent included)
+
+    @classmethod
+    def of(cls, cfg: RunConfig) -> ClientSettings:
+        """The trainer's settings for `cfg`: the largest reply its context allows, its request
+        deadline, and `cluster.rollout_keep_versions` weight folders kept."""
+        return cls(
+            max_reply_bytes=reply_bytes_for(cfg.env.max_context),
+            request_timeout_s=cfg.rollout.request_timeout_s,
+            keep_versions=cfg.cluster.rollout_keep_versions,
+        )
 
 
 @dataclasses.dataclass

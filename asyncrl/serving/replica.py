@@ -2,11 +2,14 @@
 TCP port to peers holding the shared token (server in `server.py`); weights arrive per version as
 safetensors folders under the replica's own weights root.
 
-Entry points: `python -m asyncrl.serving.replica CONFIG [overrides] --host --port --token-file
---run-dir|--weights-root`, or `asyncrl rollout-server` with the same flags (`add_arguments`).
-It refuses to start without a token, before it builds anything. `start_local_replicas` launches
-replicas as child processes on loopback for the local backend (on GKE they are the JobSet's
-rollout pods); each writes its bound `host:port` to a ready file once it serves.
+Entry points: `asyncrl rollout-server CONFIG [overrides] FLAGS` and `python -m
+asyncrl.serving.replica CONFIG [overrides] FLAGS`, with the same flags (`add_arguments`): --host,
+--port, --token-file, --run-dir | --weights-root, --init-model, --ready-file, --max-connections,
+--read-timeout-s. Bind address, port, connection cap and read timeout default to the config's
+`cluster.rollout_*` keys; a flag overrides its key. `run` checks every input (token, weights root,
+flags) before it builds anything, so a replica without a token never starts. `start_local_replicas`
+launches replicas as child processes on loopback for the local backend (on GKE they are the
+JobSet's rollout pods); each writes its bound `host:port` to a ready file once it serves.
 """
 
 from __future__ import annotations
@@ -22,38 +25,54 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from asyncrl.config import RunConfig
-from asyncrl.serving.auth import Token, load_token, token_file_from_env, write_new_token
+from asyncrl.config.errors import MAX_SECONDS
+from asyncrl.config.ops import is_ip
+from asyncrl.serving.auth import (
+    TOKEN_ENV,
+    Token,
+    load_token,
+    token_file_from_env,
+    write_new_token,
+)
 from asyncrl.serving.server import RolloutServer, ServerSettings
 from asyncrl.serving.wire import WireLimits
 
 READY = "LISTENING "
 
 
-def settings_for(cfg: RunConfig, host: str, port: int, max_connections: int = 0) -> ServerSettings:
-    """Room for every episode the trainer runs at once, plus health checks and publishes."""
-    cap = max_connections or 2 * cfg.rollout.max_concurrency + 16
-    return ServerSettings(host=host, port=port, max_connections=cap)
+class ReplicaError(ValueError):
+    """A replica that cannot start: a bad flag, no weights root, an address it cannot bind."""
+
+
+def settings_for(
+    cfg: RunConfig,
+    host: str | None = None,
+    port: int | None = None,
+    max_connections: int | None = None,
+    read_timeout_s: float | None = None,
+) -> ServerSettings:
+    """The server settings of `cfg.cluster`, each overridden by a flag that is not None."""
+    c = cfg.cluster
+    cap = c.rollout_max_connections if max_connections is None else max_connections
+    return ServerSettings(
+        host=c.rollout_bind_host if host is None else host,
+        port=c.rollout_port if port is None else port,
+        # Room for every episode the trainer runs at once, plus health checks and publishes.
+        max_connections=cap or 2 * cfg.rollout.max_concurrency + 16,
+        read_timeout_s=c.rollout_read_timeout_s if read_timeout_s is None else read_timeout_s,
+    )
 
 
 def serve(
     cfg: RunConfig,
-    host: str,
-    port: int,
-    init_model: str | None,
-    ready_file: str | None = None,
+    settings: ServerSettings,
     *,
-    token_file: str | None = None,
-    weights_root: Path | None = None,
-    max_connections: int = 0,
+    token: Token,
+    weights_root: Path,
+    init_model: str | None = None,
+    ready_file: str | None = None,
 ) -> None:
-    """Serve until killed. No token (flag or ASYNCRL_ROLLOUT_TOKEN_FILE) or no weights root: a
-    `TokenError` / `ValueError` before anything is built."""
-    token = load_token(token_file or token_file_from_env())
-    if weights_root is None:
-        raise ValueError(
-            "a rollout replica needs its weights root: pass --run-dir or --weights-root"
-        )
-    settings = settings_for(cfg, host, port, max_connections)
+    """Build the engine and serve it until killed (`run` checks the inputs first)."""
     from flax import nnx
 
     from asyncrl.model import build_model
@@ -106,7 +125,12 @@ async def _serve_announced(server: RolloutServer, ready_file: str | None) -> Non
         {task, asyncio.create_task(ready.wait())}, return_when=asyncio.FIRST_COMPLETED
     )
     if task.done():  # binding failed
-        await task
+        try:
+            await task
+        except OSError as e:
+            raise ReplicaError(
+                f"cannot bind {server.host}:{server.port}: {e.strerror or e}"
+            ) from None
     print(f"{READY}{server.host}:{server.port}", flush=True)
     if ready_file:  # written last and renamed: a reader never sees half an address
         tmp = Path(f"{ready_file}.tmp")
@@ -116,33 +140,85 @@ async def _serve_announced(server: RolloutServer, ready_file: str | None) -> Non
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--host", default="127.0.0.1", help="address to bind (GKE: 0.0.0.0)")
-    p.add_argument("--port", type=int, default=0, help="port to bind; 0 = any free port")
+    """The replica's flags, shared by `asyncrl rollout-server` and `python -m` this module."""
     p.add_argument(
-        "--token-file", help="file holding the shared token (default: $ASYNCRL_ROLLOUT_TOKEN_FILE)"
+        "--host", help="address to bind (default cluster.rollout_bind_host; pod: 0.0.0.0)"
     )
+    p.add_argument(
+        "--port", type=int, help="port to bind (default cluster.rollout_port; 0 = any free port)"
+    )
+    p.add_argument("--token-file", help=f"file holding the shared token (default: ${TOKEN_ENV})")
     p.add_argument("--run-dir", help="run folder; weights arrive under its train/weights/")
     p.add_argument("--weights-root", help="where version folders arrive (overrides --run-dir)")
     p.add_argument("--init-model", help="HF model folder to start from")
     p.add_argument("--ready-file", help="write host:port here once serving")
-    p.add_argument("--max-connections", type=int, default=0, help="0 = from the config")
+    p.add_argument(
+        "--max-connections",
+        type=int,
+        help="connections served at once (default cluster.rollout_max_connections)",
+    )
+    p.add_argument(
+        "--read-timeout-s",
+        type=float,
+        help="seconds a peer has to send its request (default cluster.rollout_read_timeout_s)",
+    )
 
 
 def run(cfg: RunConfig, args: argparse.Namespace) -> int:
-    from asyncrl.run_layout import RunLayout
-
-    root = args.weights_root or (RunLayout.of(args.run_dir).weights if args.run_dir else None)
+    """Check every input (token, weights root, flags) before anything is built, then serve.
+    `TokenError` / `ReplicaError` name what is missing or wrong."""
+    token = load_token(args.token_file or token_file_from_env())
+    weights_root = _weights_root(args)
+    settings = settings_for(
+        cfg,
+        host=_flag_host(args.host),
+        port=_flag(args.port, "--port", 0, 65535, "0 (any free port) to 65535"),
+        max_connections=_flag(
+            args.max_connections, "--max-connections", 0, 65536, "0 (from the config) to 65536"
+        ),
+        read_timeout_s=_flag(
+            args.read_timeout_s, "--read-timeout-s", 1e-3, MAX_SECONDS, "seconds, > 0, finite"
+        ),
+    )
     serve(
         cfg,
-        args.host,
-        args.port,
-        args.init_model,
-        args.ready_file,
-        token_file=args.token_file,
-        weights_root=Path(root) if root else None,
-        max_connections=args.max_connections,
+        settings,
+        token=token,
+        weights_root=weights_root,
+        init_model=args.init_model,
+        ready_file=args.ready_file,
     )
     return 0
+
+
+def _weights_root(args: argparse.Namespace) -> Path:
+    from asyncrl.run_layout import RunLayout
+
+    if args.weights_root:
+        root = Path(args.weights_root)
+    elif args.run_dir:
+        root = RunLayout.of(args.run_dir).weights
+    else:
+        raise ReplicaError(
+            "a rollout replica needs its weights root: pass --run-dir or --weights-root"
+        )
+    if root.exists() and not root.is_dir():
+        raise ReplicaError(f"the weights root {root} exists and is not a folder")
+    return root
+
+
+def _flag_host(host: str | None) -> str | None:
+    if host is not None and not is_ip(host):
+        raise ReplicaError(
+            f"--host: got {host!r:.80}; allowed: an IP address (127.0.0.1, 0.0.0.0 or ::)"
+        )
+    return host
+
+
+def _flag(value, name: str, lo: float, hi: float, allowed: str):
+    if value is not None and not lo <= value <= hi:  # NaN fails both comparisons
+        raise ReplicaError(f"{name}: got {value!r}; allowed: {allowed}")
+    return value
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -156,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     try:
         return run(load_config(args.config, args.overrides), args)
-    except (ValueError, OSError) as e:  # ConfigError, TokenError, a port already bound
+    except (ValueError, OSError) as e:  # ConfigError, TokenError, ReplicaError, an unreadable file
         print(f"asyncrl replica: {e}", file=sys.stderr)
         return 2
 
