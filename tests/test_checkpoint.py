@@ -309,3 +309,108 @@ def test_recovery_test_passes_all_four_phases(tmp_path):
     assert all(p.killed and p.bit_identical and p.cursor_ok for p in verdict.phases)
     saved = json.loads((tmp_path / "recovery_test" / "verdict.json").read_text())
     assert saved["passed"] and len(saved["phases"]) == 4
+
+
+# -- bad inputs and "nothing is lost" -------------------------------------------------------------
+
+
+def test_importing_the_module_leaves_logging_alone_and_a_checkpointer_quiets_orbax(tmp_path):
+    code = textwrap.dedent(
+        """
+        import sys
+        from absl import logging
+        logging.set_verbosity(logging.INFO)
+        from asyncrl.checkpoint.manager import Checkpointer
+        imported = logging.get_verbosity()
+        Checkpointer(sys.argv[1]).close()
+        print(imported, logging.get_verbosity())
+        """
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path / "ck")], capture_output=True, text=True
+    )
+    from absl import logging as absl_logging
+
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == [str(absl_logging.INFO), str(absl_logging.WARNING)]
+
+
+@pytest.mark.parametrize("where", ["f", "f/below"], ids=["file", "under-a-file"])
+def test_a_file_as_the_checkpoint_location_is_refused_naming_checkpoint_dir(tmp_path, where):
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(CheckpointError) as e:
+        Checkpointer(str(tmp_path / where))
+    assert str(e.value).startswith(f"checkpoint.dir: '{tmp_path / where}' is a file, or lies")
+    assert (tmp_path / "f").read_text() == "x"
+
+
+def test_an_unsafe_object_name_in_a_gcs_checkpoint_is_a_checkpoint_error(gcs_bucket, tmp_path):
+    """`ckpt/5//<abs path>` once wrote to that path on the trainer's disk."""
+    import uuid
+
+    from asyncrl import storage
+
+    uri = f"{gcs_bucket}/ckpt-{uuid.uuid4().hex[:8]}"
+    bucket, path = storage.split_gcs(uri)
+    outside = tmp_path / "outside"
+    for name in ("5/COMMIT", "5/pipeline/metadata", f"5/{outside}/x"):
+        storage._client().bucket(bucket).blob(f"{path}/{name}").upload_from_string(b"x")
+    ckpt = Checkpointer(uri, staging=tmp_path / "staging")
+    assert ckpt.steps() == [5]
+    with pytest.raises(CheckpointError) as e:
+        ckpt.read_pipeline(5)
+    ckpt.close()
+    message = str(e.value)
+    assert message.startswith(f"checkpoint step 5 at {uri} holds an object with an unsafe name")
+    assert f"gs://{bucket}/{path}/5/{outside}/x" in message  # the object, named
+    assert not outside.exists()
+
+
+def test_checkpoints_live_under_the_run_unless_a_config_shares_them(tmp_path):
+    from asyncrl.stages.train import checkpoint_uri
+
+    cfg = micro_config()
+    assert checkpoint_uri(cfg, RunLayout.of(tmp_path / "a")) == str(tmp_path / "a" / "checkpoints")
+    assert checkpoint_uri(cfg, RunLayout.of("gs://bkt/runs/a")) == "gs://bkt/runs/a/checkpoints"
+    shared = micro_config(f"checkpoint.dir={tmp_path / 'shared'}")
+    assert checkpoint_uri(shared, RunLayout.of(tmp_path / "a")) == str(tmp_path / "shared")
+
+
+def test_pruning_a_gcs_location_touches_only_its_own_steps(gcs_bucket):
+    import uuid
+
+    from asyncrl import storage
+
+    root = f"{gcs_bucket}/runs-{uuid.uuid4().hex[:8]}"
+    uri = f"{root}/r1/checkpoints"
+    neighbours = [
+        f"{root}/r2/checkpoints/1/COMMIT",  # another run's step
+        f"{root}/r1/checkpoints-old/1/COMMIT",  # a sibling whose name starts like ours
+        f"{uri}/notes/1",  # not a step folder
+    ]
+    for other in neighbours:
+        storage.write_bytes(other, b"keep")
+    from asyncrl.learner.step import TrainState
+
+    ckpt = Checkpointer(uri, max_to_keep=1, async_save=False)
+    for step in (1, 2):  # a two-array state: what is pruned matters here, not what is saved
+        ckpt.save(TrainState(params={"w": np.ones(4)}, opt_state=(), step=np.int32(step)), {})
+    ckpt.close()
+    assert storage.list_names(uri) == ["2", "notes"]
+    assert [storage.read_bytes(other) for other in neighbours] == [b"keep"] * 3
+
+
+def test_a_reused_run_id_resumes_only_with_the_same_config(tmp_path):
+    from asyncrl.config import ConfigError
+    from asyncrl.stages.provision import claim
+
+    cfg = micro_config(f"pipeline.runs_dir={tmp_path}", "pipeline.run_id=r1")
+    layout = RunLayout.at(str(tmp_path), "r1")
+    claim(layout, cfg)
+    recorded = layout.config.read_text()
+    assert claim(layout, cfg) == layout  # the same config: a resume
+    other = micro_config(f"pipeline.runs_dir={tmp_path}", "pipeline.run_id=r1", "seed=7")
+    with pytest.raises(ConfigError) as e:
+        claim(layout, other)
+    assert e.value.key == "pipeline.run_id" and "(seed: 0 → 7)" in str(e.value)
+    assert layout.config.read_text() == recorded  # the first run's record is kept

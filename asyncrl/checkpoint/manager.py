@@ -33,15 +33,27 @@ from jax.sharding import NamedSharding
 from asyncrl import storage
 from asyncrl.learner.step import TrainState
 
-# Orbax reports every save phase at INFO through absl; a run's log needs only its warnings.
-absl_logging.set_verbosity(absl_logging.WARNING)
-
 COMMIT = "COMMIT"
 ITEMS = ("train_state", "pipeline")
 
 
 class CheckpointError(RuntimeError):
     """A checkpoint that cannot be restored: missing, corrupted, or made by another config."""
+
+
+def _make_folder(local: Path, uri: str) -> None:
+    """Create the checkpoint folder; a file (or a file above it) in the way is a clear error."""
+    try:
+        local.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise CheckpointError(
+            f"checkpoint.dir: {uri!r:.200} is a file, or lies under one; allowed: a folder "
+            "(or a path not yet made); the default is <run folder>/checkpoints"
+        ) from None
+    except PermissionError as e:
+        raise CheckpointError(
+            f"checkpoint.dir: cannot create {uri!r:.200} ({e.strerror})"
+        ) from None
 
 
 def flatten(tree: Any) -> dict[str, Any]:
@@ -91,14 +103,19 @@ class Checkpointer:
         if self.remote:
             self._staging = staging or Path(tempfile.mkdtemp(prefix="asyncrl-ckpt-"))
             local = self._staging
+            local.mkdir(parents=True, exist_ok=True)
         else:
             local = Path(uri).absolute()
+            _make_folder(local, uri)
         self.local = local
-        local.mkdir(parents=True, exist_ok=True)
         self.max_to_keep = max_to_keep
         self._mngr = self._manager(async_save)
 
     def _manager(self, async_save: bool) -> ocp.CheckpointManager:
+        # Orbax reports every save phase at INFO through absl; a run's log needs only its
+        # warnings. Set here, where a checkpointer is made, so importing this module changes
+        # nothing.
+        absl_logging.set_verbosity(absl_logging.WARNING)
         options = ocp.CheckpointManagerOptions(
             max_to_keep=self.max_to_keep,
             enable_async_checkpointing=async_save,
@@ -211,7 +228,14 @@ class Checkpointer:
             return
         tmp = self.local / f".download-{step}"
         shutil.rmtree(tmp, ignore_errors=True)
-        names = storage.download_tree(storage.join(self.uri, str(step)), tmp)
+        try:
+            names = storage.download_tree(storage.join(self.uri, str(step)), tmp)
+        except storage.UnsafeObjectName as e:  # names the object; nothing was written
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise CheckpointError(
+                f"checkpoint step {step} at {self.uri} holds an object with an unsafe name, "
+                f"refused before anything was downloaded: {e}"
+            ) from None
         if COMMIT not in names:
             raise CheckpointError(f"checkpoint step {step} at {self.uri} was never committed")
         (tmp / COMMIT).unlink()
