@@ -219,6 +219,26 @@ def test_the_replica_process_refuses_to_start_without_a_token(tmp_path):
     assert "Traceback" not in done.stderr
 
 
+def test_a_replica_whose_port_is_taken_says_so_and_announces_nothing(tmp_path):
+    from asyncrl.serving.replica import ReplicaError, _serve_announced
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        server = RolloutServer(
+            FakeEngine(),
+            lambda path: None,
+            token=TOKEN,
+            limits=LIMITS,
+            weights_root=tmp_path,
+            settings=ServerSettings(port=port),
+        )
+        with pytest.raises(ReplicaError, match=f"cannot bind 127.0.0.1:{port}: "):
+            asyncio.run(_serve_announced(server, str(tmp_path / "address")))
+    assert not (tmp_path / "address").exists()
+
+
 # -- framing -------------------------------------------------------------------------------------
 
 

@@ -400,6 +400,30 @@ def test_pruning_a_gcs_location_touches_only_its_own_steps(gcs_bucket):
     assert [storage.read_bytes(other) for other in neighbours] == [b"keep"] * 3
 
 
+def test_a_resumed_gcs_run_keeps_max_to_keep_steps(gcs_bucket):
+    """A new process stages only what it restores; its first save must not prune the steps that
+    max_to_keep still covers."""
+    import uuid
+
+    from asyncrl import storage
+    from asyncrl.learner.step import TrainState
+
+    uri = f"{gcs_bucket}/ckpt-{uuid.uuid4().hex[:8]}"
+
+    def state(step):
+        return TrainState(params={"w": np.full(4, step)}, opt_state=(), step=np.int32(step))
+
+    first = Checkpointer(uri, max_to_keep=3, async_save=False)
+    for step in (1, 2, 3, 4):
+        first.save(state(step), {})
+    first.close()
+    resumed = Checkpointer(uri, max_to_keep=3, async_save=False)
+    resumed.read_pipeline(4)  # what a resume stages
+    resumed.save(state(5), {})
+    resumed.close()
+    assert storage.list_names(uri) == ["3", "4", "5"]
+
+
 def test_a_reused_run_id_resumes_only_with_the_same_config(tmp_path):
     from asyncrl.config import ConfigError
     from asyncrl.stages.provision import claim

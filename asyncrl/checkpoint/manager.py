@@ -152,7 +152,10 @@ class Checkpointer:
         storage.delete_tree(target)  # a previous, uncommitted attempt at this step
         storage.upload_tree(self.local / str(step), target)
         storage.write_bytes(storage.join(target, COMMIT), b"")
-        keep = {str(s) for s in self._mngr.all_steps()}
+        # The newest max_to_keep committed steps, counting those this process never staged (a
+        # resumed run stages only the step it restored): pruning never outruns max_to_keep.
+        done = sorted(set(self.steps()) | set(self._mngr.all_steps()))
+        keep = {str(s) for s in done[-self.max_to_keep :]}
         for name in storage.list_names(self.uri):
             if name.isdigit() and name not in keep:
                 storage.delete_tree(storage.join(self.uri, name))
