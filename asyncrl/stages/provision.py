@@ -81,6 +81,8 @@ def claim(layout: RunLayout, cfg: RunConfig) -> RunLayout:
 def _differences(old: dict, new: dict, prefix: str = "") -> list[str]:
     out = []
     for key in sorted(set(old) | set(new)):
+        if not prefix and key == "pipeline":
+            continue  # where and how the run goes, not what it trains: not in the config hash
         a, b = old.get(key), new.get(key)
         if isinstance(a, dict) and isinstance(b, dict):
             out += _differences(a, b, f"{prefix}{key}.")

@@ -65,14 +65,14 @@ def train(cfg: RunConfig, layout: RunLayout, init_model: str | None = None) -> T
     placement = make_placement(cfg)
     source = init_model or cfg.model.checkpoint
     wiring = Wiring.of(cfg)  # the tokenizer and chat format, built once for the stage
-    learner = _learner(cfg, wiring, placement, source)
     with contextlib.ExitStack() as stack:
-        checkpointer = Checkpointer(
+        checkpointer = Checkpointer(  # first: a bad checkpoint.dir fails before any compile
             checkpoint_uri(cfg, layout),
             max_to_keep=cfg.checkpoint.max_to_keep,
             async_save=cfg.checkpoint.async_save,
         )
         stack.callback(checkpointer.close)
+        learner = _learner(cfg, wiring, placement, source)
         record = resume(checkpointer, learner, cfg)
         if learner.step:  # what was restored, for the recovery test and the operator
             restored = {"step": learner.step, "version": record.state.version}

@@ -84,7 +84,6 @@ def remote_engine(cfg: RunConfig, layout: RunLayout, learner: Learner, init_mode
 
     from asyncrl.serving.client import ClientSettings, RemoteEngine
     from asyncrl.serving.replica import start_local_replicas
-    from asyncrl.serving.wire import reply_bytes_for
 
     def save_params(params, folder: Path) -> None:
         hf.save(nnx.merge(learner.graphdef, params, learner.rest), str(folder))
@@ -105,10 +104,7 @@ def remote_engine(cfg: RunConfig, layout: RunLayout, learner: Learner, init_mode
             weights_root=layout.weights,
         )
         addresses = replicas.addresses
-    settings = ClientSettings(
-        max_reply_bytes=reply_bytes_for(cfg.env.max_context),
-        request_timeout_s=cfg.rollout.request_timeout_s,
-    )
+    settings = ClientSettings.of(cfg)
     token = replicas.token if replicas is not None else None  # else the mounted Secret's
     engine = RemoteEngine(addresses, layout.weights, save_params, token=token, settings=settings)
     return engine, replicas
