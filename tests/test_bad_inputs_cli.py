@@ -167,7 +167,6 @@ def test_a_run_whose_recorded_config_is_unreadable_exits_2(capsys, tmp_path):
     assert f"{run / 'config.yaml'}: the run's recorded config is unreadable" in line
 
 
-@pytest.mark.slow  # the train stage builds its learner before its checkpointer: ~15 s
 def test_train_with_a_file_as_checkpoint_dir_exits_2_naming_the_key(capsys, tmp_path):
     (tmp_path / "f").write_text("x")
     config = _micro(tmp_path, f"checkpoint.dir={tmp_path / 'f'}", "learner.steps=1")
