@@ -23,7 +23,6 @@ from asyncrl.envs.base import ActionKind
 from asyncrl.envs.registry import build_environment, register
 from asyncrl.envs.tool_env import ToolEnvironment
 from asyncrl.rollout.episode import (
-    CLOSE_TIMEOUT_S,
     EPISODE_GRACE_S,
     Episode,
     EpisodeLimits,
@@ -441,7 +440,7 @@ def test_an_episode_cancelled_under_a_hostile_environment_ends_within_the_grace(
         return time.monotonic() - t0
 
     seconds = run(go())
-    assert seconds < 2 * deadlines.GRACE_S + CLOSE_TIMEOUT_S + SLACK_S
+    assert seconds < EPISODE_GRACE_S + SLACK_S
     assert env.close_calls == 1 and ep.close_error.startswith("TimeoutError")
 
 
@@ -460,6 +459,25 @@ def test_a_hostile_tool_ends_the_episode_with_its_own_status(tool, status):
     traj, seconds = timed(episode(engine, env).run())
     assert traj.status == status
     assert seconds < TOOL_TIMEOUT_S + deadlines.GRACE_S + SLACK_S
+
+
+def test_cancelling_an_episode_drops_only_its_hostile_tool_not_the_episode():
+    env = ToolEnvironment(lambda t: _executor(RawTool("calculator", _ignores_cancel), timeout_s=60))
+    call = ToolCall(name="calculator", arguments_json="{}")
+    engine = ScriptedEngine(by_turn(([*CHATML.tool_call_tokens(call), END], FinishReason.STOP)))
+    ep = episode(engine, env)
+    before = dict(deadlines.DROPPED)
+
+    async def go():
+        job = asyncio.create_task(ep.run())
+        await asyncio.sleep(0.1)
+        job.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await job
+
+    run(go())
+    grown = {k: v - before.get(k, 0) for k, v in deadlines.DROPPED.items() if v > before.get(k, 0)}
+    assert grown == {"tool calculator": 1}
 
 
 # -- the orchestrator: factories and members that fail, groups that end once ---------------------
@@ -555,7 +573,7 @@ def test_orchestrator_cancel_returns_within_the_grace_whatever_the_environments_
         return seconds
 
     seconds = run(go())
-    assert seconds < 2 * deadlines.GRACE_S + CLOSE_TIMEOUT_S + SLACK_S
+    assert seconds < EPISODE_GRACE_S + SLACK_S
     assert orch.status_counts[S.CANCELLED] == 4 and orch.env_close_failures == 4
     assert sorted(ended) == [(0, GroupOutcome.WITHDRAWN), (1, GroupOutcome.WITHDRAWN)]
 

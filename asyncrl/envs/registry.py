@@ -27,21 +27,26 @@ EnvFactory = Callable[[Task, EnvConfig, Mapping[str, asyncio.Semaphore]], Enviro
 _REGISTRY: dict[str, EnvFactory] = {}
 
 
-def register(name: str, factory: EnvFactory) -> None:
-    _REGISTRY[name] = factory
+def register(name: str, make: EnvFactory) -> None:
+    _REGISTRY[name] = make
+
+
+def factory(name: str) -> EnvFactory:
+    """The factory registered under `name` (to wrap it: latency, chaos); KeyError if none."""
+    return _REGISTRY[name]
 
 
 def build_environment(
     task: Task, cfg: EnvConfig, limits: Mapping[str, asyncio.Semaphore] | None = None
 ) -> Environment:
     try:
-        factory = _REGISTRY[task.environment]
+        make = _REGISTRY[task.environment]
     except KeyError:
         known = ", ".join(sorted(_REGISTRY))
         raise ValueError(
             f"task {task.id} names environment {task.environment!r}; registered: {known}"
         ) from None
-    return factory(task, cfg, limits or {})
+    return make(task, cfg, limits or {})
 
 
 def _tool_env(task: Task, cfg: EnvConfig, limits) -> Environment:

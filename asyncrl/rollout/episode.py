@@ -7,10 +7,11 @@ token budget (truncated_steps / truncated_tokens), the episode deadline (timeout
 The partial state stays readable, so a caller that cancels an episode can still record it.
 
 Nothing a tool or an environment does can keep an episode from ending: its turns run under a hard
-deadline (`tools/deadlines.py`): code that ignores the cancellation at `timeout_s` is dropped after
-`GRACE_S`, and `close()` gets `CLOSE_TIMEOUT_S` (plus the same grace). So `run()` returns (or, when
-cancelled, raises) at most `timeout_s + EPISODE_GRACE_S` after it started. Environment failures are
-logged (one line) and counted by the orchestrator; a failing close never changes the status.
+deadline (`tools/deadlines.py`): code that ignores the cancellation at `timeout_s` is dropped
+after `TURNS_GRACE_S`, and `close()` gets `CLOSE_TIMEOUT_S` (plus `GRACE_S`). So `run()` returns
+(or, when cancelled, raises) at most `timeout_s + EPISODE_GRACE_S` after it started. Environment
+failures are logged (one line) and counted by the orchestrator; a failing close never changes the
+status.
 """
 
 from __future__ import annotations
@@ -42,8 +43,12 @@ from asyncrl.types import (
 log = logging.getLogger(__name__)
 
 CLOSE_TIMEOUT_S = 1.0  # an environment's close(); then cancelled, and dropped after GRACE_S
-# Longest an episode may outlive `timeout_s`: its turns' wind-down, then a close that hangs.
-EPISODE_GRACE_S = GRACE_S + CLOSE_TIMEOUT_S + GRACE_S
+# The turns' wind-down: their tool calls get GRACE_S to stop first, so a cooperative episode whose
+# tool ignores the cancellation is never dropped itself.
+TURNS_GRACE_S = 2 * GRACE_S
+# Longest an episode may outlive `timeout_s` (or its cancellation): the turns' wind-down, then a
+# close that hangs.
+EPISODE_GRACE_S = TURNS_GRACE_S + CLOSE_TIMEOUT_S + GRACE_S
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -101,7 +106,9 @@ class Episode:
             },
         )
         try:
-            status = await within(self._loop(), self.limits.timeout_s, label="episode")
+            status = await within(
+                self._loop(), self.limits.timeout_s, label="episode", grace_s=TURNS_GRACE_S
+            )
         except TimeoutError:
             status = TrajectoryStatus.TIMEOUT
         except asyncio.CancelledError:

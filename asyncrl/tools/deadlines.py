@@ -4,7 +4,7 @@
 code gets `GRACE_S` to wind down; code that ignores the cancellation (catches CancelledError and
 goes on awaiting) is then dropped: its coroutine is closed where it is suspended, and the drop is
 counted in `DROPPED`. So the caller resumes at most `timeout_s + GRACE_S` after it started
-(`2 * GRACE_S` after it was itself cancelled), whatever the awaited code does, and no task is left
+(`GRACE_S` after it was itself cancelled), whatever the awaited code does, and no task is left
 behind for the event loop's shutdown to wait on. Code that blocks the event loop itself (a sync
 sleep inside `async def`) cannot be preempted by anything in-process; sync work belongs in
 `tools/threads.py`, and untrusted programs in the sandbox.
@@ -85,29 +85,36 @@ def _consume(task: asyncio.Task) -> None:
         task.exception()  # retrieved: a dropped task's error is not "never retrieved"
 
 
-async def within(coro: Coroutine[Any, Any, T], timeout_s: float | None, *, label: str) -> T:
+async def within(
+    coro: Coroutine[Any, Any, T],
+    timeout_s: float | None,
+    *,
+    label: str,
+    grace_s: float = GRACE_S,
+) -> T:
     """`await coro`, but TimeoutError after `timeout_s` seconds (None: no deadline); cancelling
     the caller cancels the coroutine too. Either way the coroutine is stopped (dropped, counted
-    under `label`, if it ignores the cancellation for `GRACE_S`) before this returns."""
+    under `label`, if it ignores the cancellation for `grace_s`) before this returns. Code that
+    itself awaits `within` calls needs a longer grace than theirs (they wind down first)."""
     driven = _Driven(coro)
     task = asyncio.ensure_future(_drive(driven))
     task.add_done_callback(_consume)
     try:
         done, _ = await asyncio.wait({task}, timeout=timeout_s)
     except asyncio.CancelledError:
-        await _stop(task, driven, label)
+        await _stop(task, driven, label, grace_s)
         raise
     if task in done:
         return task.result()
-    await _stop(task, driven, label)
+    await _stop(task, driven, label, grace_s)
     raise TimeoutError(f"{label}: no result within {timeout_s:g} s")
 
 
-async def _stop(task: asyncio.Task, driven: _Driven, label: str) -> None:
-    """Cancel, wait `GRACE_S`, then drop. Completes even when the caller is cancelled again."""
+async def _stop(task: asyncio.Task, driven: _Driven, label: str, grace_s: float) -> None:
+    """Cancel, wait `grace_s`, then drop. Completes even when the caller is cancelled again."""
     task.cancel()
     try:
-        await asyncio.wait({task}, timeout=GRACE_S)
+        await asyncio.wait({task}, timeout=grace_s)
     finally:
         if not task.done():
             driven.forced = True
