@@ -2,7 +2,6 @@
 included), launch/watch/delete on a Kubernetes API emulator, the node-pool request against a
 loopback GKE API, manifests, and two-process jax.distributed."""
 
-import argparse
 import copy
 import json
 import os
@@ -18,12 +17,11 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from asyncrl.cli import build_parser
 from asyncrl.cloud.jobset import (
     ADDRESSES_ENV,
     GROUP,
     PLURAL,
-    ROLLOUT_PORT,
-    ROLLOUT_TOKEN_SECRET,
     TOKEN_FILE,
     VERSION,
     JobSetRunner,
@@ -37,7 +35,6 @@ from asyncrl.cloud.provision import (
     provision_node_pool,
 )
 from asyncrl.config import load_config
-from asyncrl.serving import replica
 from asyncrl.serving.auth import TOKEN_ENV
 from asyncrl.testing.gke_stub import gke_stub
 from asyncrl.testing.k8s import k8s_emulator
@@ -99,36 +96,39 @@ def _script_argv(container) -> list[str]:
     return shlex.split(script.split("exec ", 1)[1])
 
 
-def test_remote_replicas_bind_all_interfaces_and_read_the_token_secret():
-    cfg = load_config(GKE, ["cluster.placement=remote", "cluster.rollout_replicas=2"])
+@pytest.mark.parametrize("port", [8470, 9123])
+def test_remote_replicas_bind_all_interfaces_and_read_the_token_secret(port):
+    cfg = load_config(
+        GKE,
+        [
+            "cluster.placement=remote",
+            "cluster.rollout_replicas=2",
+            f"cluster.rollout_port={port}",
+            "cluster.rollout_token_secret=run-1-token",
+        ],
+    )
     jobset = render_jobset(cfg, "run-1", "gs://bucket/runs/run-1")
     trainer, rollout = (
         rj["template"]["spec"]["template"]["spec"] for rj in jobset["spec"]["replicatedJobs"]
     )
     assert [rj["replicas"] for rj in jobset["spec"]["replicatedJobs"]] == [1, 2]
     argv = _script_argv(rollout["containers"][0])
-    assert argv[:4] == ["python", "-m", "asyncrl.serving.replica", "/tmp/config.yaml"]
-    parser = argparse.ArgumentParser()
-    parser.add_argument("config")
-    parser.add_argument("overrides", nargs="*")
-    replica.add_arguments(parser)  # the replica's own flags: a typo here fails to parse
-    args = parser.parse_args(argv[3:])
-    assert (args.host, args.port, args.token_file) == ("0.0.0.0", ROLLOUT_PORT, TOKEN_FILE)
+    assert argv[:3] == ["asyncrl", "rollout-server", "/tmp/config.yaml"]
+    args = build_parser().parse_args(argv[1:])  # the CLI's own flags: a typo fails to parse
+    assert (args.host, args.port, args.token_file) == ("0.0.0.0", port, TOKEN_FILE)
     assert args.run_dir == "/gcs/${ASYNCRL_RUN_DIR#gs://}" and args.overrides == []
     assert rollout["containers"][0]["ports"] == [
-        {"name": "rollout", "containerPort": ROLLOUT_PORT, "protocol": "TCP"}
+        {"name": "rollout", "containerPort": port, "protocol": "TCP"}
     ]
     for pod in (trainer, rollout):
         (volume,) = [v for v in pod["volumes"] if "secret" in v]
-        assert volume["secret"]["secretName"] == ROLLOUT_TOKEN_SECRET
+        assert volume["secret"]["secretName"] == "run-1-token"
         assert volume["secret"]["items"] == [{"key": "token", "path": "token"}]
         mount = next(m for m in pod["containers"][0]["volumeMounts"] if m["name"] == volume["name"])
         assert mount["readOnly"] and f"{mount['mountPath']}/token" == TOKEN_FILE
     env = {e["name"]: e.get("value") for e in trainer["containers"][0]["env"]}
     assert env[TOKEN_ENV] == TOKEN_FILE
-    assert env[ADDRESSES_ENV] == (
-        f"run-1-rollout-0-0.run-1:{ROLLOUT_PORT},run-1-rollout-1-0.run-1:{ROLLOUT_PORT}"
-    )
+    assert env[ADDRESSES_ENV] == (f"run-1-rollout-0-0.run-1:{port},run-1-rollout-1-0.run-1:{port}")
     assert _script_argv(trainer["containers"][0])[:2] == ["asyncrl", "train"]
 
 

@@ -20,7 +20,6 @@ import yaml
 
 from asyncrl.cloud.jobset import (
     COORDINATOR_PORT,
-    ROLLOUT_PORT,
     TPU_SLICE_PORT,
     WORKLOAD_SERVICE_ACCOUNT,
     job_manifests,
@@ -428,9 +427,9 @@ def _policies() -> list[dict]:
     return [d for d in _manifest_docs() if d["kind"] == "NetworkPolicy"]
 
 
-def _pods_from_jobset() -> dict[str, Pod]:
+def _pods_from_jobset(*overrides: str) -> dict[str, Pod]:
     out = {}
-    for role, (meta, job) in _jobset_pods(REMOTE).items():
+    for role, (meta, job) in _jobset_pods((*REMOTE, *overrides)).items():
         container = job["template"]["spec"]["containers"][0]
         ports = {p["name"]: p["containerPort"] for p in container["ports"]}
         out[role] = Pod(meta["labels"] | {"jobset.sigs.k8s.io/jobset-name": "run-1"}, ports)
@@ -463,6 +462,9 @@ DNS = Pod({"k8s-app": "kube-dns"}, {"dns": 53}, namespace="kube-system")
 KFP_API = Pod({"app": "ml-pipeline"}, {"http": 8888}, namespace="kubeflow")
 PIPELINE = Pod({"workflows.argoproj.io/workflow": "asyncrl-x1", "app": "asyncrl"})
 STRAY = Pod({"app": "something-else"}, {"http": 8080})
+
+
+ROLLOUT_PORT = load_config(GKE).cluster.rollout_port
 
 
 def _flows():
@@ -523,6 +525,13 @@ def test_network_policies_allow_exactly_the_needed_flows():
     for pod in (*_pods_from_jobset().values(), PIPELINE, STRAY):  # DNS for everyone, UDP and TCP
         assert flow_allowed(policies, pod, DNS, 53, "UDP") and flow_allowed(policies, pod, DNS, 53)
         assert not flow_allowed(policies, pod, DNS, 8080)
+
+
+def test_the_rollout_rule_follows_the_configured_port():
+    pods = _pods_from_jobset("cluster.rollout_port=9123")
+    trainer, rollout = pods["trainer"], pods["rollout"]
+    assert flow_allowed(_policies(), trainer, rollout, 9123)
+    assert not flow_allowed(_policies(), trainer, rollout, ROLLOUT_PORT)
 
 
 def test_without_the_policies_every_flow_is_open():

@@ -7,9 +7,9 @@
   job, reached through the JobSet's headless service), the number of processes and each pod's
   process id (its completion index);
 - `rollout`: `cluster.rollout_replicas` rollout engine replicas (placement `remote`), each bound
-  to 0.0.0.0 on the rollout port and serving only peers that hold the shared token, which both
-  sides read from the same Kubernetes Secret mounted as a file; the trainer gets the replicas'
-  addresses in ASYNCRL_ROLLOUT_ADDRESSES.
+  to 0.0.0.0 on `cluster.rollout_port` and serving only peers that hold the shared token, which
+  both sides read from the Secret `cluster.rollout_token_secret` mounted as a file; the trainer
+  gets the replicas' addresses in ASYNCRL_ROLLOUT_ADDRESSES.
 Every pod passes the `restricted` Pod Security Standard (non-root, seccomp RuntimeDefault, no
 privilege escalation, all capabilities dropped, read-only root filesystem, only emptyDir and
 secret volumes) and runs as the workload service account, which has no Kubernetes API rights and
@@ -39,8 +39,6 @@ COORDINATOR_PORT = 8476
 # The TPU runtime's slice-builder port between the hosts of one multi-host slice (GKE's
 # multi-host TPU examples open it); pod-to-pod, since restricted pods may not use hostNetwork.
 TPU_SLICE_PORT = 8471
-ROLLOUT_PORT = 8470
-ROLLOUT_TOKEN_SECRET = "asyncrl-rollout-token"
 # Trainer and rollout pods run model code: an identity with no RoleBinding and no mounted token.
 WORKLOAD_SERVICE_ACCOUNT = "asyncrl-workload"
 RUN_AS = 1000  # the runtime image's user (images/runtime.Dockerfile)
@@ -195,7 +193,7 @@ def _trainer_job(cfg: RunConfig, name: str, env: list[dict], remote: bool) -> di
         },
     ]
     if remote:
-        addresses = rollout_addresses(name, c.rollout_replicas, ROLLOUT_PORT)
+        addresses = rollout_addresses(name, c.rollout_replicas, c.rollout_port)
         env += [
             {"name": TOKEN_ENV, "value": TOKEN_FILE},
             {"name": ADDRESSES_ENV, "value": ",".join(addresses)},
@@ -203,18 +201,19 @@ def _trainer_job(cfg: RunConfig, name: str, env: list[dict], remote: bool) -> di
     ports = [("coordinator", COORDINATOR_PORT), ("tpu-slice", TPU_SLICE_PORT)]
     command = _stage_command(["asyncrl", "train"])
     pod = _pod_spec(cfg, _container("trainer", c.image, command, env, chips, ports), tpu=True)
-    return _job("trainer", 1, hosts, _with_token(pod, ROLLOUT_TOKEN_SECRET) if remote else pod)
+    return _job("trainer", 1, hosts, _with_token(pod, c.rollout_token_secret) if remote else pod)
 
 
 def _rollout_job(cfg: RunConfig, env: list[dict]) -> dict[str, Any]:
-    """`cluster.rollout_replicas` single-pod jobs, each a replica serving on 0.0.0.0."""
+    """`cluster.rollout_replicas` single-pod jobs, each a replica serving on 0.0.0.0 (whatever
+    `cluster.rollout_bind_host` says: its loopback default is for replicas on one machine)."""
     c = cfg.cluster
     _, chips = slice_shape(c.tpu_type, c.tpu_topology)
-    serve = ["--host", "0.0.0.0", "--port", str(ROLLOUT_PORT), "--token-file", TOKEN_FILE]
-    command = _stage_command(["python", "-m", "asyncrl.serving.replica"], serve)
-    ports = [("rollout", ROLLOUT_PORT)]
+    serve = ["--host", "0.0.0.0", "--port", str(c.rollout_port), "--token-file", TOKEN_FILE]
+    command = _stage_command(["asyncrl", "rollout-server"], serve)
+    ports = [("rollout", c.rollout_port)]
     pod = _pod_spec(cfg, _container("rollout", c.image, command, env, chips, ports), tpu=True)
-    return _job("rollout", c.rollout_replicas, 1, _with_token(pod, ROLLOUT_TOKEN_SECRET))
+    return _job("rollout", c.rollout_replicas, 1, _with_token(pod, c.rollout_token_secret))
 
 
 def render_jobset(cfg: RunConfig, name: str, run_uri: str) -> dict[str, Any]:
