@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup run test lint format bench clean
+.PHONY: setup run test test-slow lint format bench images clean
 
 $(STAMP): pyproject.toml constraints.txt
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "asyncrl needs Python >= 3.11"'
@@ -21,6 +21,16 @@ run: setup
 
 test: setup lint
 	$(BIN)/python -m pytest -q
+
+# The long tests (whole-pipeline variants, multi-process runs); .ci/run runs them after `make test`.
+test-slow: setup
+	$(BIN)/python -m pytest -q -m slow
+
+# The runtime image, from digest-pinned base images only (images/base-images.txt).
+IMAGE ?= asyncrl-runtime:dev
+images:
+	python3 images/pins.py check
+	docker build $$(python3 images/pins.py build-args) -f images/runtime.Dockerfile -t $(IMAGE) .
 
 lint: setup
 	$(BIN)/ruff check .
