@@ -1,13 +1,16 @@
 """Tools: schemas from signatures, validated calls, parallel turns, deadlines, output caps."""
 
 import asyncio
+import contextlib
 import json
 from typing import Literal
 
 import pytest
 
+from asyncrl.tools import deadlines
 from asyncrl.tools.base import ToolStatus
 from asyncrl.tools.calculator import CalculatorError, evaluate
+from asyncrl.tools.deadlines import within
 from asyncrl.tools.executor import ToolExecutor
 from asyncrl.tools.function import FunctionTool, tool
 from asyncrl.tools.lookup import LookupTool
@@ -190,3 +193,80 @@ def test_calculator_is_exact(expression, value):
 def test_calculator_refuses_anything_but_bounded_arithmetic(expression):
     with pytest.raises(CalculatorError):
         evaluate(expression)
+
+
+# -- hard deadlines (tools/deadlines.within) run in the caller's task ---------------------------
+
+
+async def _swallow_then_return():
+    try:
+        await asyncio.sleep(3600)
+    except asyncio.CancelledError:
+        return "late"
+
+
+def test_within_returns_the_result_and_leaves_no_cancellation_behind():
+    async def go():
+        value = await within(asyncio.sleep(0, "v"), 5, label="t")
+        return value, asyncio.current_task().cancelling()
+
+    assert run(go()) == ("v", 0)
+
+
+def test_within_times_out_even_when_the_coroutine_swallows_the_cancellation_and_returns():
+    async def go():
+        with pytest.raises(TimeoutError, match=r"t: no result within 0\.05 s"):
+            await within(_swallow_then_return(), 0.05, label="t")
+        return asyncio.current_task().cancelling()
+
+    assert run(go()) == 0  # its own cancellation taken back
+
+
+def test_an_inner_deadline_does_not_start_the_outer_calls_grace():
+    """The inner call's cancellation passes through the outer driver first; the outer coroutine
+    goes on after the inner TimeoutError for longer than the outer grace and is not dropped."""
+    grace = 0.1
+
+    async def outer():
+        with contextlib.suppress(TimeoutError):
+            await within(asyncio.sleep(3600), 0.02, label="inner", grace_s=grace)
+        await asyncio.sleep(3 * grace)
+        return "finished"
+
+    async def go():
+        return await within(outer(), 5, label="outer-test", grace_s=grace)
+
+    before = deadlines.DROPPED["outer-test"]
+    assert run(go()) == "finished"
+    assert deadlines.DROPPED["outer-test"] == before
+
+
+def test_the_callers_own_timeout_still_works_around_within():
+    async def go():
+        with pytest.raises(TimeoutError):
+            async with asyncio.timeout(0.05):
+                await within(asyncio.sleep(3600), 5, label="t")
+        return asyncio.current_task().cancelling()
+
+    assert run(go()) == 0
+
+
+def test_cancelling_the_caller_cancels_the_call_and_raises_cancelled():
+    cancelled = []
+
+    async def inner():
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            cancelled.append(True)
+            raise
+
+    async def go():
+        job = asyncio.create_task(within(inner(), 60, label="t"))
+        await asyncio.sleep(0.01)
+        job.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await job
+
+    run(go())
+    assert cancelled == [True]
