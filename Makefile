@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup run test test-slow lint format bench images clean
+.PHONY: setup run test test-slow browser lint format bench images clean
 
 $(STAMP): pyproject.toml constraints.txt
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "asyncrl needs Python >= 3.11"'
@@ -19,8 +19,15 @@ setup: $(STAMP)
 run: setup
 	$(BIN)/asyncrl run configs/local.yaml
 
-test: setup lint
+test: setup lint browser
 	$(BIN)/python -m pytest -q
+
+# Debian's chromium for the report's browser test, where it can be installed (root with apt);
+# elsewhere that one test is skipped and says why.
+browser:
+	@command -v chromium >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+		apt-get update -qq && apt-get install -y -qq chromium >/dev/null; } || \
+		echo "chromium not installed: tests/test_report_browser.py will be skipped"
 
 # The long tests (whole-pipeline variants, multi-process runs); .ci/run runs them after `make test`.
 test-slow: setup

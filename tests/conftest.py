@@ -10,7 +10,7 @@ _CACHE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", _CACHE)
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 
-import pytest
+import pytest  # noqa: E402  (after the environment above: JAX reads it at import)
 
 
 @pytest.fixture(scope="session")
@@ -20,3 +20,62 @@ def gcs_bucket():
 
     with gcs_emulator() as bucket:
         yield bucket
+
+
+# -- whole-pipeline runs, each made once per session and shared by the tests that read them ------
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# The micro model through every stage: small enough for seconds per stage; it proves the wiring,
+# not learning (2 RL steps), so the gate's bars are 0.
+PIPELINE_OVERRIDES = (
+    "learner.steps=2",
+    "learner.time_budget_s=0",
+    "learner.eval_every=0",
+    "warm_start.steps=10",
+    "warm_start.warmup_steps=2",
+    "warm_start.content_steps=0",
+    "warm_start.batch_size=4",
+    "env.heldout_size=1",
+    "env.train_size=8",
+    "gate.samples_per_task=1",
+    "gate.min_solve_rate=0.0",
+    "gate.min_gain=0.0",
+    "tracing.tensorboard=false",
+)
+
+
+def local_pipeline_run(folder, *overrides):
+    """The local pipeline (kfp.local) on the micro config, its runs and champion under `folder`."""
+    from asyncrl.config import load_config
+    from asyncrl.pipeline.local import run_local
+    from asyncrl.testing.configs import MICRO_OVERRIDES
+
+    cfg = load_config(
+        os.path.join(ROOT, "configs/local.yaml"),
+        [
+            *MICRO_OVERRIDES,
+            *PIPELINE_OVERRIDES,
+            f"pipeline.runs_dir={folder / 'runs'}",
+            f"gate.champion={folder / 'ch'}",
+            *overrides,
+        ],
+    )
+    return run_local(cfg)
+
+
+@pytest.fixture(scope="session")
+def passing_run(tmp_path_factory):
+    """(folder, LocalRun) of a local pipeline run through every stage."""
+    folder = tmp_path_factory.mktemp("passing-run")
+    return folder, local_pipeline_run(folder)
+
+
+@pytest.fixture(scope="session")
+def failing_gate_run(tmp_path_factory):
+    """(folder, LocalRun) of a run whose gate cannot pass (min_solve_rate 1), without recovery."""
+    folder = tmp_path_factory.mktemp("failing-gate-run")
+    return folder, local_pipeline_run(
+        folder,
+        "gate.min_solve_rate=1.0",
+        "pipeline.stages=[provision,train,quality_gate,report]",
+    )

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import PIPELINE_OVERRIDES
 
 from asyncrl.config import load_config, to_yaml
 from asyncrl.config.ops import ALL_STAGES
@@ -21,22 +22,7 @@ from asyncrl.testing.kfp_stub import kfp_stub
 
 ROOT = Path(__file__).parent.parent
 CONFIGS = ("configs/local.yaml", "configs/qwen2.5-0.5b-v6e.yaml")
-TINY = (
-    *MICRO_OVERRIDES,
-    "learner.steps=2",
-    "learner.time_budget_s=0",
-    "learner.eval_every=0",
-    "warm_start.steps=10",
-    "warm_start.warmup_steps=2",
-    "warm_start.content_steps=0",
-    "warm_start.batch_size=4",
-    "env.heldout_size=1",
-    "env.train_size=8",
-    "gate.samples_per_task=1",
-    "gate.min_solve_rate=0.0",
-    "gate.min_gain=0.0",  # 2 RL steps of the micro model prove the wiring, not learning
-    "tracing.tensorboard=false",
-)
+TINY = (*MICRO_OVERRIDES, *PIPELINE_OVERRIDES)
 
 
 @pytest.mark.parametrize("config", CONFIGS)
@@ -66,45 +52,26 @@ def test_gke_pipeline_carries_tpu_settings_and_retries():
     assert "tolerations" not in executors.get("exec-provision", {})  # CPU stages stay off TPUs
 
 
-def _local_run(tmp_path, *overrides):
-    from asyncrl.pipeline.local import run_local
-
-    cfg = load_config(
-        ROOT / "configs/local.yaml",
-        [
-            *TINY,
-            f"pipeline.runs_dir={tmp_path / 'runs'}",
-            f"gate.champion={tmp_path / 'ch'}",
-            *overrides,
-        ],
-    )
-    return run_local(cfg)
-
-
-def test_the_local_pipeline_runs_every_stage_and_passes(tmp_path):
-    result = _local_run(tmp_path)
+def test_the_local_pipeline_runs_every_stage_and_passes(passing_run):
+    folder, result = passing_run
     assert result.succeeded and result.final_state == "SUCCEEDED"
     # Every stage, in order; promotion follows the gate.
     assert result.stages_done == (*ALL_STAGES[:-1], "promote", ALL_STAGES[-1])
     assert result.gate_passed is True and result.teardown_ran
-    champion = json.loads((tmp_path / "ch" / "CURRENT.json").read_text())
+    champion = json.loads((folder / "ch" / "CURRENT.json").read_text())
     assert champion["run_id"] == result.run_dir.name  # first run: promoted by the last stage
     kfp_outputs = list((result.run_dir / "kfp").rglob("executor_output.json"))
     assert len(kfp_outputs) >= 7  # one per component
 
 
-def test_an_impossible_gate_fails_the_run_at_the_gate_and_teardown_still_runs(tmp_path):
-    result = _local_run(
-        tmp_path,
-        "gate.min_solve_rate=1.0",
-        "pipeline.stages=[provision,train,quality_gate,report]",
-    )
+def test_an_impossible_gate_fails_the_run_at_the_gate_and_teardown_still_runs(failing_gate_run):
+    folder, result = failing_gate_run
     assert not result.succeeded and result.final_state == "FAILED"
     assert result.gate_passed is False
     assert "report" not in result.stages_done and result.teardown_ran
     gate = RunLayout.of(result.run_dir).read(GateResult)
     assert [c.name for c in gate.failed] == ["solve_rate >= min_solve_rate"]
-    assert not (tmp_path / "ch" / "CURRENT.json").exists()  # nothing promoted
+    assert not (folder / "ch" / "CURRENT.json").exists()  # nothing promoted
 
 
 def test_submit_and_schedule_send_the_run_config_to_the_kfp_api():

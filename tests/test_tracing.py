@@ -1,6 +1,7 @@
 """Perfetto traces: a real run's trace is valid and complete; truncation; no-op mode; threads."""
 
 import asyncio
+import base64
 import json
 import threading
 from pathlib import Path
@@ -100,7 +101,9 @@ def test_a_real_training_run_writes_a_valid_complete_trace(tmp_path):
     text = Path(paths.markdown).read_text()
     assert "train/trace.perfetto-trace" in text and "train/learning_curve.png" in text
     assert "Recovery test" in text and "did not run" in text
-    assert "<img src='train/reward_curve.png'" in Path(paths.html).read_text()
+    page = Path(paths.html).read_text()  # self-contained: the plot's own bytes, no relative link
+    png = base64.b64encode((tmp_path / "train" / "reward_curve.png").read_bytes()).decode()
+    assert f"<img src='data:image/png;base64,{png}'" in page and "src='train/" not in page
 
 
 def _tensorboard_scalars(logdir):

@@ -2,13 +2,16 @@
 
 Reads only what the stages wrote into the run folder (their JSON results, the metrics, plots and
 trace) and lays it out: headline numbers, the held-out learning curve and other plots, the trace
-summary (where time went), the recovery-test verdict and the gate report with every check. A stage
-that did not run is said to be missing, not silently left out. The HTML embeds the plots by
-relative link, so the folder can be copied (or served as a KFP HTML artifact) as a whole.
+summary (where time went), the recovery-test verdict and the gate report with every check, beside
+the champion it was gated against. A stage that did not run is said to be missing, not silently
+left out. The HTML is one self-contained page: plots embedded as data URIs, no relative links
+(files are named by their path in the run folder), laid out for narrow screens too, so it reads
+the same when KFP serves it from an artifact store.
 """
 
 from __future__ import annotations
 
+import base64
 import html
 from dataclasses import dataclass
 from typing import ClassVar, TypeVar
@@ -88,7 +91,7 @@ def _trace(layout: RunLayout) -> list[str] | None:
     except TraceError as e:  # a damaged trace is reported, not a reason to write no report
         return [f"Trace `{rel}` is unreadable: {e}"]
     return [
-        f"Trace: [`{rel}`]({rel}) (open in https://ui.perfetto.dev)",
+        f"Trace: `{rel}` (open it in https://ui.perfetto.dev)",
         "```",
         format_summary(summarize(packets)),
         "```",
@@ -115,7 +118,25 @@ def _gate(gate: GateResult) -> list[str]:
     rows = ["| check | value | bound | verdict |", "|---|---|---|---|"]
     for c in gate.checks:
         rows.append(f"| {c.name} | {c.value} | {c.bound} | {'pass' if c.passed else 'FAIL'} |")
+    rows.append("")
+    if gate.champion is None or gate.champion_metrics is None:
+        rows.append("Champion: none (first run: nothing to regress against)")
+        return rows
+    rows += [
+        f"Champion gated against: `{gate.champion}`",
+        "",
+        "| rate | candidate | champion | difference |",
+        "|---|---|---|---|",
+    ]
+    for key, e in sorted(gate.candidate.items()):
+        c = gate.champion_metrics.get(key)
+        diff = "n/a" if c is None else f"{100 * (e.value - c.value):+.1f} points"
+        rows.append(f"| {key} | {_interval(e)} | {_interval(c) if c else 'n/a'} | {diff} |")
     return rows
+
+
+def _interval(e) -> str:
+    return f"{100 * e.value:.1f}% [{100 * e.low:.1f}, {100 * e.high:.1f}]"
 
 
 def _sections(layout: RunLayout) -> list[tuple[str, list[str]]]:
@@ -136,8 +157,8 @@ def _sections(layout: RunLayout) -> list[tuple[str, list[str]]]:
     files = [layout.config, layout.train_metrics, layout.dir(Stage.WARM_START) / "metrics.jsonl"]
     files += [layout.result_path(s) for s in (Stage.RECOVERY_TEST, Stage.QUALITY_GATE)]
     files.append(layout.dir(Stage.TRAIN) / "tensorboard")
-    links = [f"- [{p.relative_to(layout.root)}]({p.relative_to(layout.root)})" for p in files]
-    out.append(("Files", [link for link, p in zip(links, files, strict=True) if p.exists()]))
+    listed = [f"- `{p.relative_to(layout.root)}`" for p in files if p.exists()]
+    out.append(("Files (paths in the run folder)", listed))
     return out
 
 
@@ -150,18 +171,57 @@ def write_report(layout: RunLayout) -> ReportPaths:
     for title, lines in sections:
         md += [f"## {title}", "", *lines, ""]
     layout.write_text(layout.report_md, "\n".join(md))
-    layout.write_text(layout.report_html, _html(sections))
+    layout.write_text(layout.report_html, _html(sections, layout))
     paths = ReportPaths(markdown=str(layout.report_md), html=str(layout.report_html))
     layout.write(paths)
     return paths
 
 
-def _html(sections: list[tuple[str, list[str]]]) -> str:
+STYLE = (
+    "body{font-family:system-ui,sans-serif;margin:0 auto;padding:0 12px;max-width:1100px;"
+    "line-height:1.45}img{max-width:100%;height:auto}.table{overflow-x:auto}"
+    "table{border-collapse:collapse;margin:6px 0}td,th{border:1px solid #bbb;padding:3px 8px;"
+    "text-align:left}pre{overflow-x:auto;background:#f4f4f4;padding:8px;font-size:12px}"
+    "code{background:#f4f4f4;padding:0 3px;word-break:break-all}"
+)
+
+
+def _inline(text: str) -> str:
+    """Escaped text with Markdown's `code` and **bold** spans."""
+    out = []
+    for n, part in enumerate(text.split("`")):
+        if n % 2:
+            out.append(f"<code>{html.escape(part)}</code>")
+            continue
+        bold = part.split("**")
+        out.append(
+            "".join(
+                f"<strong>{html.escape(b)}</strong>" if i % 2 else html.escape(b)
+                for i, b in enumerate(bold)
+            )
+        )
+    return "".join(out)
+
+
+def _image(layout: RunLayout, rel: str, alt: str) -> str:
+    """A plot embedded as a data URI (the page has no relative links to break)."""
+    data = base64.b64encode((layout.root / rel).read_bytes()).decode("ascii")
+    return f"<figure><img src='data:image/png;base64,{data}' alt='{html.escape(alt)}'></figure>"
+
+
+def _table(rows: list[list[str]]) -> str:
+    head, *body = rows
+    cells = "".join(f"<th>{_inline(c)}</th>" for c in head)
+    lines = [f"<tr>{cells}</tr>"]
+    lines += ["<tr>" + "".join(f"<td>{_inline(c)}</td>" for c in r) + "</tr>" for r in body]
+    return f"<div class='table'><table>{''.join(lines)}</table></div>"
+
+
+def _html(sections: list[tuple[str, list[str]]], layout: RunLayout) -> str:
     body = ["<h1>asyncrl run report</h1>"]
     for title, lines in sections:
         body.append(f"<h2>{html.escape(title)}</h2>")
-        in_code = False
-        table: list[list[str]] = []
+        in_code, table, items = False, [], []
         for line in [*lines, ""]:
             if line.startswith("```"):
                 body.append("</pre>" if in_code else "<pre>")
@@ -176,23 +236,22 @@ def _html(sections: list[tuple[str, list[str]]]) -> str:
                     table.append(cells)
                 continue
             if table:
-                rows = "".join(
-                    "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>"
-                    for r in table
-                )
-                body.append(f"<table border='1' cellpadding='4'>{rows}</table>")
+                body.append(_table(table))
                 table = []
+            if line.startswith("- "):
+                items.append(f"<li>{_inline(line[2:])}</li>")
+                continue
+            if items:
+                body.append(f"<ul>{''.join(items)}</ul>")
+                items = []
             if line.startswith("![") and "](" in line:
                 alt, src = line[2:].split("](", 1)
-                body.append(f"<p><img src='{html.escape(src[:-1])}' alt='{html.escape(alt)}'></p>")
-            elif line.startswith("- [") and "](" in line:
-                text, href = line[3:].split("](", 1)
-                body.append(
-                    f"<li><a href='{html.escape(href[:-1])}'>{html.escape(text[:-1])}</a></li>"
-                )
+                body.append(_image(layout, src[:-1], alt))
             elif line:
-                body.append(f"<p>{html.escape(line)}</p>")
+                body.append(f"<p>{_inline(line)}</p>")
     return (
-        "<!doctype html><html><head><meta charset='utf-8'><title>asyncrl report</title>"
+        "<!doctype html><html lang='en'><head><meta charset='utf-8'>"
+        "<meta name='viewport' content='width=device-width, initial-scale=1'>"
+        f"<title>asyncrl report {html.escape(layout.run_id)}</title><style>{STYLE}</style>"
         "</head><body>" + "\n".join(body) + "</body></html>\n"
     )
