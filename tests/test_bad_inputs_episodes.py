@@ -32,10 +32,10 @@ from asyncrl.rollout.groups import GroupQueue
 from asyncrl.rollout.orchestrator import Orchestrator, OrchestratorSettings, numbered
 from asyncrl.testing.scripted_engine import ScriptedEngine
 from asyncrl.tokenize import ByteTokenizer, ChatFormat
+from asyncrl.tokenize.call_json import MAX_CALL_CHARS, MAX_DEPTH, MAX_NUMBER_CHARS
 from asyncrl.tools import deadlines
 from asyncrl.tools.base import ToolStatus
 from asyncrl.tools.calculator import calculator
-from asyncrl.tools.call_limits import MAX_CALL_CHARS, MAX_DEPTH, MAX_NUMBER_CHARS
 from asyncrl.tools.executor import ToolExecutor
 from asyncrl.tools.function import FunctionTool
 from asyncrl.tools.threads import ToolThreads

@@ -1,10 +1,18 @@
 """Tokenizers round-trip; chat rendering's model-produced mask is exact; tool calls parse."""
 
+import random
+
 import pytest
 
 from asyncrl import storage
 from asyncrl.testing.tokenizers import write_bpe_tokenizer
 from asyncrl.tokenize import ByteTokenizer, ChatFormat, Conversation, render
+from asyncrl.tokenize.call_json import (
+    MAX_CALL_CHARS,
+    MAX_DEPTH,
+    MAX_NUMBER_CHARS,
+    check_call_text,
+)
 from asyncrl.tokenize.hf import HFTokenizer
 from asyncrl.tokenize.tool_calls import parse_turn
 from asyncrl.types import Message, Role, ToolCall
@@ -133,3 +141,80 @@ def test_plain_answer_has_no_calls():
     parsed = parse_turn(fmt, [*tok.encode("391"), fmt.end_of_turn])
     assert parsed == parse_turn(fmt, tok.encode("391"))
     assert parsed.content == "391" and parsed.error is None
+
+
+NESTED = '{"name": "x", "arguments": {"a": ' + "[" * 5000 + "]" * 5000 + "}}"
+BIG_INT = '{"name": "x", "arguments": {"a": ' + "7" * 5000 + "}}"
+
+
+@pytest.mark.parametrize(
+    ("fmt_name", "text", "error"),
+    [
+        ("chatml", NESTED, f"nests deeper than {MAX_DEPTH} levels"),
+        ("chatml", BIG_INT, f"number longer than {MAX_NUMBER_CHARS} characters"),
+        ("chatml", '{"a": "' + "x" * MAX_CALL_CHARS + '"}', f"the limit is {MAX_CALL_CHARS}"),
+        ("llama3", NESTED.replace("arguments", "parameters"), "nests deeper than"),
+        ("llama3", BIG_INT.replace("arguments", "parameters"), "number longer than"),
+    ],
+)
+def test_the_parser_itself_refuses_calls_over_the_limits(fmt_name, text, error):
+    tok = ByteTokenizer()
+    fmt = ChatFormat(fmt_name, tok)
+    body = tok.encode(text)
+    tokens = [fmt.call_open, *body, fmt.call_close] if fmt_name == "chatml" else body
+    parsed = parse_turn(fmt, [*tokens, fmt.end_of_turn])
+    assert parsed.tool_calls == () and error in parsed.error
+
+
+def _reference_check(text):
+    """The limits as stated, written plainly: depth and number runs outside strings."""
+    if len(text) > MAX_CALL_CHARS:
+        return "size"
+    depth = number = 0
+    in_string = escaped = False
+    for ch in text:
+        if in_string:
+            escaped, in_string = (False, True) if escaped else (ch == "\\", ch != '"')
+            continue
+        number = number + 1 if ch in "0123456789+-.eE" else 0
+        if number > MAX_NUMBER_CHARS:
+            return "number"
+        in_string = ch == '"'
+        depth += (ch in "[{") - (ch in "]}")
+        if depth > MAX_DEPTH:
+            return "depth"
+    return None
+
+
+def _random_call_text(rng):
+    parts = []
+    for _ in range(rng.randint(1, 6)):
+        kind = rng.choice(["open", "close", "digits", "string", "word"])
+        n = rng.choice([1, 5, 20, MAX_DEPTH - 1, MAX_DEPTH, MAX_NUMBER_CHARS, MAX_NUMBER_CHARS + 1])
+        if kind == "open":
+            parts.append("".join(rng.choice("[{") for _ in range(n)))
+        elif kind == "close":
+            parts.append("]" * n)
+        elif kind == "digits":
+            parts.append("".join(rng.choice("0123456789.eE-") for _ in range(n)))
+        elif kind == "string":
+            inner = "".join(rng.choice('[{9e\\"a') for _ in range(n))
+            parts.append('"' + inner + '"')
+        else:
+            parts.append(rng.choice(["true", "false", ", ", ": ", "null"]))
+    return "".join(parts)
+
+
+def test_call_limits_agree_with_the_plain_reference():
+    rng = random.Random(0)
+    kinds = {"depth": "nests deeper", "number": "number longer", "size": "characters long"}
+    seen = set()
+    for _ in range(3000):
+        text = _random_call_text(rng)
+        expected = _reference_check(text)
+        problem = check_call_text(text)
+        assert (problem is None) == (expected is None), text
+        if expected is not None:
+            assert kinds[expected] in problem, text
+        seen.add(expected)
+    assert seen == {None, "depth", "number"}  # the grid reaches each outcome

@@ -5,9 +5,10 @@ are appended exactly as the engine returned them, everything else with mask 0. `
 tool calls in the chat format's syntax; `ModelAgent` takes the first response as the answer.
 
 Whatever the model writes, `record` returns an `Action`: a call over the limits of
-`tools/call_limits.py` (size, nesting, number length) or one the parser cannot read is a
-`MALFORMED` action with the reason, which the environment shows to the model or ends the episode
-on (`env.malformed_tool_call`), never an exception that would end it as an environment failure.
+`tokenize/call_json.py` (size, nesting, number length; the parser checks them itself) or one the
+parser cannot read is a `MALFORMED` action with the reason, which the environment shows to the
+model or ends the episode on (`env.malformed_tool_call`), never an exception that would end it as
+an environment failure.
 """
 
 from __future__ import annotations
@@ -17,8 +18,7 @@ from typing import Protocol
 
 from asyncrl.envs.base import Action, ActionKind
 from asyncrl.tokenize.chat import ChatFormat, Conversation
-from asyncrl.tokenize.tool_calls import ParsedTurn, parse_turn
-from asyncrl.tools.call_limits import check_call_text
+from asyncrl.tokenize.tool_calls import parse_turn
 from asyncrl.types import Completion, Message
 
 
@@ -52,7 +52,7 @@ class ToolAgent:
 
     def record(self, completion: Completion) -> Action:
         self.conversation.add_sampled(completion.tokens, completion.logprobs, completion.versions)
-        parsed = _parse(self.fmt, completion.tokens)
+        parsed = parse_turn(self.fmt, completion.tokens)
         if parsed.error is not None:
             return Action(kind=ActionKind.MALFORMED, content=parsed.content, error=parsed.error)
         if parsed.tool_calls:
@@ -73,33 +73,3 @@ class ModelAgent(ToolAgent):
         self.conversation.add_sampled(completion.tokens, completion.logprobs, completion.versions)
         body = [t for t in completion.tokens if t not in self.fmt.stop_tokens]
         return Action(kind=ActionKind.ANSWER, content=self.fmt.tok.decode(body).strip())
-
-
-def _parse(fmt: ChatFormat, tokens: Sequence[int]) -> ParsedTurn:
-    """`parse_turn` behind the call limits: the parser reads JSON with Python's recursive reader."""
-    for text in _call_texts(fmt, tokens):
-        problem = check_call_text(text)
-        if problem is not None:
-            return ParsedTurn(content="", error=problem)
-    try:
-        return parse_turn(fmt, tokens)
-    except (ValueError, RecursionError) as e:  # bounded by the scan above; a last line
-        return ParsedTurn(content="", error=f"tool call could not be read ({type(e).__name__})")
-
-
-def _call_texts(fmt: ChatFormat, tokens: Sequence[int]) -> list[str]:
-    """The text of each tool call in a turn, split as `parse_turn` splits it."""
-    body = [t for t in tokens if t not in fmt.stop_tokens]
-    if fmt.name == "llama3":
-        text = fmt.tok.decode(body).strip()
-        return text.splitlines() if text.startswith("{") else []
-    texts, start = [], None
-    for i, t in enumerate(body):
-        if t == fmt.call_open:
-            start = i + 1
-        elif t == fmt.call_close and start is not None:
-            texts.append(fmt.tok.decode(body[start:i]))
-            start = None
-    if start is not None:
-        texts.append(fmt.tok.decode(body[start:]))
-    return texts

@@ -43,6 +43,14 @@ class ByteTokenizer:
         return list(text.encode("utf-8"))
 
     def decode(self, ids: Sequence[int]) -> str:
+        try:  # the common case, no special token: one C call
+            return bytes(ids if isinstance(ids, list | tuple) else list(ids)).decode(
+                "utf-8", errors="replace"
+            )
+        except ValueError:  # an id outside 0-255: a special token (or invalid, raised below)
+            return self._decode_with_specials(ids)
+
+    def _decode_with_specials(self, ids: Sequence[int]) -> str:
         out: list[str] = []
         run = bytearray()
         for i in ids:

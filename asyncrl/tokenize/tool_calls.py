@@ -2,7 +2,9 @@
 
 Parsing works on tokens, not on re-tokenized text: in ChatML the call tags are special tokens, so
 only the model can open a call. A malformed call is reported as a `ParsedTurn` with an `error`,
-never raised: the agent decides whether the model sees the error or the episode ends.
+never raised: the agent decides whether the model sees the error or the episode ends. Each call's
+text is decoded once and read behind the limits of `call_json.py` (size, nesting, number length),
+so whatever the model wrote, parsing returns; the first problem in the turn is the one reported.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from asyncrl.tokenize.call_json import check_call_text
 from asyncrl.tokenize.chat import ChatFormat
 from asyncrl.types import ToolCall
 
@@ -23,10 +26,15 @@ class ParsedTurn:
 
 
 def _call_from_json(text: str, args_key: str) -> ToolCall | str:
+    problem = check_call_text(text)
+    if problem is not None:
+        return problem
     try:
         value = json.loads(text)
     except json.JSONDecodeError as e:
         return f"tool call is not valid JSON ({e.msg} at character {e.pos})"
+    except (ValueError, RecursionError) as e:  # bounded by the check above; a last line
+        return f"tool call could not be read ({type(e).__name__})"
     if not isinstance(value, dict) or not isinstance(value.get("name"), str):
         return 'tool call must be a JSON object with a string "name"'
     args = value.get(args_key, {})

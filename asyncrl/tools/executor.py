@@ -1,9 +1,9 @@
 """Runs the tool calls of a turn: validation, parallelism, deadlines, output caps, per-tool limits.
 
 Every outcome is a `ToolResult`, never an exception: an unknown tool, arguments that are not JSON,
-break the call limits (`call_limits.py`) or do not fit the schema, a tool that raises, one that
-returns something other than text, one that outlives its deadline (cancelled for real: the awaiting
-task is cancelled, and the sandbox kills its process group; one that ignores the cancellation is
+break the call limits (`tokenize/call_json.py`) or do not fit the schema, a tool that raises, one
+that returns something other than text, one that outlives its deadline (cancelled for real: the
+tool is cancelled, and the sandbox kills its process group; one that ignores the cancellation is
 dropped after `deadlines.GRACE_S`, see `deadlines.py`) and one whose output is too long. Output and
 error text are both cut to `output_chars`: a tool's exception message is model input like its
 output.
@@ -15,8 +15,8 @@ import asyncio
 import time
 from collections.abc import Iterable, Mapping, Sequence
 
+from asyncrl.tokenize.call_json import CallError, load_call_json
 from asyncrl.tools.base import Tool, ToolResult, ToolStatus
-from asyncrl.tools.call_limits import CallError, load_call_json
 from asyncrl.tools.deadlines import within
 from asyncrl.tools.schema import validate_arguments
 from asyncrl.types import ToolCall

@@ -2,20 +2,28 @@
 
 A model writes tool calls; nothing bounds what it writes except these limits. Past them Python's
 own JSON reader fails in ways that are not JSON errors (RecursionError at ~1000 levels of nesting,
-ValueError beyond 4300 digits of an integer) or takes quadratic time, so the text is scanned first
-(one linear pass, no recursion) and a violation is reported as one sentence for the model to read,
-exactly like a syntax error. `load_call_json` is the one way the agent and the executor read it.
+ValueError beyond 4300 digits of an integer) or takes quadratic time, so the text is checked first
+and a violation is reported as one sentence for the model to read, exactly like a syntax error.
+The turn parser (`tool_calls.py`) checks each call's text, and the tool executor a call's
+arguments, through `load_call_json`: every reader of model-written JSON is behind the limits.
+
+The check is exact: one linear pass without recursion that knows strings from structure. It runs
+only when a cheaper test over the whole text (string contents included, so it can only
+over-report) finds more brackets than `MAX_DEPTH` or a run of number characters longer than
+`MAX_NUMBER_CHARS`; ordinary calls never need it.
 """
 
 from __future__ import annotations
 
 import json
+import re
 
 MAX_CALL_CHARS = 16_384  # one call's JSON text
 MAX_DEPTH = 32  # nested arrays and objects
 MAX_NUMBER_CHARS = 100  # one number literal (a float64 needs at most ~25)
 
 _NUMBER_CHARS = frozenset("0123456789+-.eE")
+_LONG_RUN = re.compile(f"[0-9+\\-.eE]{{{MAX_NUMBER_CHARS + 1}}}")
 
 
 class CallError(ValueError):
@@ -26,6 +34,12 @@ def check_call_text(text: str) -> str | None:
     """None when `text` is within the limits, else what is wrong (JSON syntax is not checked)."""
     if len(text) > MAX_CALL_CHARS:
         return f"tool call is {len(text)} characters long; the limit is {MAX_CALL_CHARS}"
+    if text.count("[") + text.count("{") <= MAX_DEPTH and _LONG_RUN.search(text) is None:
+        return None
+    return _scan(text)
+
+
+def _scan(text: str) -> str | None:
     depth = number = 0
     in_string = escaped = False
     for ch in text:
@@ -63,5 +77,5 @@ def load_call_json(text: str) -> object:
         return json.loads(text)
     except json.JSONDecodeError as e:
         raise CallError(f"not JSON: {e.msg} at character {e.pos}") from None
-    except (ValueError, RecursionError) as e:  # the scan bounds both; kept as a last line
+    except (ValueError, RecursionError) as e:  # the check bounds both; kept as a last line
         raise CallError(f"not JSON: unreadable ({type(e).__name__})") from None
