@@ -5,6 +5,7 @@ loopback GKE API, manifests, and two-process jax.distributed."""
 import copy
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -24,10 +25,11 @@ from asyncrl.cloud.jobset import (
     PLURAL,
     TOKEN_FILE,
     VERSION,
-    JobSetRunner,
     job_manifests,
+    jobset_name,
     render_jobset,
 )
+from asyncrl.cloud.launcher import JobSetRunner
 from asyncrl.cloud.provision import (
     ProvisionError,
     delete_node_pool,
@@ -78,7 +80,8 @@ def test_rendered_jobset_validates_offline(overrides):
     jsonschema.validate(jobset, _closed(version["schema"]["openAPIV3Schema"]))
     for job in job_manifests(jobset):
         kubernetes_validate.validate(job, K8S_VERSION, strict=True)
-    trainer = jobset["spec"]["replicatedJobs"][0]["template"]["spec"]
+    jobs = {rj["name"]: rj for rj in jobset["spec"]["replicatedJobs"]}
+    trainer = jobs["trainer"]["template"]["spec"]
     assert trainer["parallelism"] == 2  # v6e 2x4: two hosts of four chips
     container = trainer["template"]["spec"]["containers"][0]
     assert container["resources"]["limits"] == {"google.com/tpu": "4"}
@@ -86,7 +89,7 @@ def test_rendered_jobset_validates_offline(overrides):
     assert env["JAX_NUM_PROCESSES"]["value"] == "2"
     assert env["JAX_COORDINATOR_ADDRESS"]["value"].startswith("asyncrl-run-1-trainer-0-0.")
     assert "job-completion-index" in env["JAX_PROCESS_ID"]["valueFrom"]["fieldRef"]["fieldPath"]
-    assert len(jobset["spec"]["replicatedJobs"]) == (2 if overrides else 1)
+    assert list(jobs) == (["rollout", "trainer"] if overrides else ["trainer"])
 
 
 def _script_argv(container) -> list[str]:
@@ -108,15 +111,15 @@ def test_remote_replicas_bind_all_interfaces_and_read_the_token_secret(port):
         ],
     )
     jobset = render_jobset(cfg, "run-1", "gs://bucket/runs/run-1")
-    trainer, rollout = (
+    rollout, trainer = (
         rj["template"]["spec"]["template"]["spec"] for rj in jobset["spec"]["replicatedJobs"]
     )
-    assert [rj["replicas"] for rj in jobset["spec"]["replicatedJobs"]] == [1, 2]
+    assert [rj["replicas"] for rj in jobset["spec"]["replicatedJobs"]] == [2, 1]
     argv = _script_argv(rollout["containers"][0])
     assert argv[:3] == ["asyncrl", "rollout-server", "/tmp/config.yaml"]
     args = build_parser().parse_args(argv[1:])  # the CLI's own flags: a typo fails to parse
     assert (args.host, args.port, args.token_file) == ("0.0.0.0", port, TOKEN_FILE)
-    assert args.run_dir == "/gcs/${ASYNCRL_RUN_DIR#gs://}" and args.overrides == []
+    assert args.run_dir == "$ASYNCRL_RUN_DIR" and args.overrides == []
     assert rollout["containers"][0]["ports"] == [
         {"name": "rollout", "containerPort": port, "protocol": "TCP"}
     ]
@@ -143,7 +146,7 @@ def test_without_remote_replicas_no_pod_mounts_the_token():
     (trainer,) = [
         rj["template"]["spec"]["template"]["spec"] for rj in jobset["spec"]["replicatedJobs"]
     ]
-    assert [v["name"] for v in trainer["volumes"]] == ["scratch"]
+    assert [v["name"] for v in trainer["volumes"]] == ["scratch", "runs"]  # runs: the bucket
     names = {e["name"] for e in trainer["containers"][0]["env"]}
     assert not {TOKEN_ENV, ADDRESSES_ENV} & names
 
@@ -179,6 +182,7 @@ def _set_condition(k, name, kind, after_s):
 
 @pytest.mark.parametrize("ending", ["Completed", "Failed", "TimedOut"])
 def test_launch_watch_and_delete_on_the_api_emulator(ending):
+    """The runner reports how the JobSet ended and deletes it whatever the end."""
     cfg = load_config(GKE)
     jobset = render_jobset(cfg, f"run-{ending.lower()}", "gs://b/r")
     resources = (f"{GROUP}/{VERSION}/{PLURAL}", "v1/pods")
@@ -189,20 +193,63 @@ def test_launch_watch_and_delete_on_the_api_emulator(ending):
         polls = []
         outcome = runner.run(jobset, timeout_s=1.5, on_poll=polls.append)
         assert outcome.state == ending and len(polls) > 1
+        assert {p.state for p in polls[:-1]} == {"Running"}
+        assert outcome.message == (f"{ending}!" if ending != "TimedOut" else "after 2 s")
         from kubernetes import client
         from kubernetes.client.exceptions import ApiException
 
         custom = client.CustomObjectsApi(k.api_client())
-        if ending == "TimedOut":  # deleted, nothing left running
-            with pytest.raises(ApiException) as gone:
-                custom.get_namespaced_custom_object(GROUP, VERSION, "asyncrl", PLURAL, outcome.name)
-            assert gone.value.status == 404
-        else:
-            assert outcome.message == f"{ending}!"
-            got = custom.get_namespaced_custom_object(
-                GROUP, VERSION, "asyncrl", PLURAL, outcome.name
-            )
-            assert got["spec"]["replicatedJobs"][0]["name"] == "trainer"
+        with pytest.raises(ApiException) as gone:
+            custom.get_namespaced_custom_object(GROUP, VERSION, "asyncrl", PLURAL, outcome.name)
+        assert gone.value.status == 404
+
+
+def test_jobset_names_are_short_dns_labels_and_keep_long_ids_apart():
+    assert jobset_name("20261202-101500-abc123") == "asyncrl-20261202-101500-abc123"
+    assert jobset_name("My_Run.v2") == "asyncrl-my-run-v2"
+    a, b = jobset_name("x" * 60 + "a"), jobset_name("x" * 60 + "b")
+    assert a != b and len(a) <= 40 and len(f"{a}-trainer-0-0") <= 63
+    for name in (a, b, jobset_name("-Weird--ID-")):
+        assert re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", name), name
+
+
+def test_the_trainer_waits_for_ready_replicas_and_replica_failures_restart_only_them():
+    cfg = load_config(GKE, ["cluster.placement=remote", "cluster.rollout_replicas=2"])
+    jobset = render_jobset(cfg, "run-1", "gs://bucket/runs/run-1", "/gcs/bucket/m", max_restarts=5)
+    rollout, trainer = jobset["spec"]["replicatedJobs"]
+    assert trainer["dependsOn"] == [{"name": "rollout", "status": "Ready"}]
+    probe = rollout["template"]["spec"]["template"]["spec"]["containers"][0]["readinessProbe"]
+    assert probe["tcpSocket"]["port"] == "rollout"
+    policy = jobset["spec"]["failurePolicy"]
+    assert policy["maxRestarts"] == 5
+    assert policy["rules"] == [
+        {
+            "name": "RolloutReplicaFailed",
+            "action": "RestartJob",
+            "targetReplicatedJobs": ["rollout"],
+        }
+    ]
+    for rj in (rollout, trainer):  # both start from the given model, in the run folder
+        pod = rj["template"]["spec"]["template"]
+        argv = _script_argv(pod["spec"]["containers"][0])
+        args = build_parser().parse_args(argv[1:])
+        assert args.init_model == "/gcs/bucket/m" and args.run_dir == "$ASYNCRL_RUN_DIR"
+        (fuse,) = [v for v in pod["spec"]["volumes"] if "csi" in v]
+        assert fuse["csi"]["volumeAttributes"]["bucketName"] == "bucket"
+        mounts = {m["name"]: m["mountPath"] for m in pod["spec"]["containers"][0]["volumeMounts"]}
+        assert mounts[fuse["name"]] == "/gcs/bucket"
+        assert pod["metadata"]["annotations"] == {"gke-gcsfuse/volumes": "true"}
+
+
+def test_a_local_run_folder_mounts_no_bucket():
+    jobset = render_jobset(load_config(GKE), "run-1", "/srv/runs/run-1")
+    (trainer,) = jobset["spec"]["replicatedJobs"]
+    pod = trainer["template"]["spec"]["template"]
+    assert "annotations" not in pod["metadata"]
+    assert not [v for v in pod["spec"]["volumes"] if "csi" in v]
+    env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
+    assert env["ASYNCRL_RUN_DIR"] == "/srv/runs/run-1"
+    assert "rules" not in jobset["spec"]["failurePolicy"]  # no replicas, no replica rule
 
 
 def test_node_pool_request_matches_its_snapshot_and_teardown_deletes_only_it():

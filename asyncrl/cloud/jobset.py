@@ -1,31 +1,36 @@
-"""The rollout/trainer JobSet: render it from the config, launch it, watch it, clean it up.
+"""The rollout/trainer JobSet, rendered from the config (launched by launcher.py).
 
-`render_jobset` is pure: a `jobset.x-k8s.io/v1alpha2` JobSet with two replicated jobs,
+`render_jobset` is pure: a `jobset.x-k8s.io/v1alpha2` JobSet with up to two replicated jobs,
+- `rollout` (placement `remote`, listed first): `cluster.rollout_replicas` rollout engine
+  replicas, each bound to 0.0.0.0 on `cluster.rollout_port` and serving only peers that hold the
+  shared token, which both sides read from the Secret `cluster.rollout_token_secret` mounted as a
+  file; a TCP readiness probe on that port says when a replica serves;
 - `trainer`: one Job over the TPU slice's hosts (an indexed Job: one pod per host, all started
   together), pods pinned to the node pool's accelerator and topology, `google.com/tpu` limits, and
   the `jax.distributed` wiring in the environment: the coordinator address (pod 0 of the trainer
   job, reached through the JobSet's headless service), the number of processes and each pod's
-  process id (its completion index);
-- `rollout`: `cluster.rollout_replicas` rollout engine replicas (placement `remote`), each bound
-  to 0.0.0.0 on `cluster.rollout_port` and serving only peers that hold the shared token, which
-  both sides read from the Secret `cluster.rollout_token_secret` mounted as a file; the trainer
-  gets the replicas' addresses in ASYNCRL_ROLLOUT_ADDRESSES.
+  process id (its completion index). With replicas it starts once they are all ready
+  (`dependsOn`), and gets their addresses in ASYNCRL_ROLLOUT_ADDRESSES.
+Both run `asyncrl` on the run folder (`--run-dir` the run's URI: a gs:// run folder is read at
+its Cloud Storage FUSE path, mounted at /gcs/<bucket>) from the model training starts from.
+Failures: a trainer pod that fails restarts the whole JobSet, up to `max_restarts` times
+(training resumes from the run's newest checkpoint); a replica that fails restarts its own job
+(`RestartJob`), and the trainer carries on with the others meanwhile. The trainer's success
+completes the JobSet.
 Every pod passes the `restricted` Pod Security Standard (non-root, seccomp RuntimeDefault, no
 privilege escalation, all capabilities dropped, read-only root filesystem, only emptyDir and
 secret volumes) and runs as the workload service account, which has no Kubernetes API rights and
 no API token mounted: only the launcher (the pipeline's train pod) may create JobSets
 (manifests/base/rbac.yaml). Port names match the NetworkPolicies in manifests/base/, which
-select pods by their `role` label. `JobSetRunner` launches the JobSet with the `kubernetes`
-client, watches its status until it completes, fails or times out, collects a tail of each pod's
-log, and deletes it on cancellation or timeout.
+select pods by their `role` label.
 """
 
 from __future__ import annotations
 
+import hashlib
+import re
 import shlex
-import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from typing import Any
 
 from asyncrl.config import RunConfig, to_yaml
@@ -45,6 +50,18 @@ RUN_AS = 1000  # the runtime image's user (images/runtime.Dockerfile)
 TOKEN_DIR = "/var/run/asyncrl/token"
 TOKEN_FILE = f"{TOKEN_DIR}/token"
 ADDRESSES_ENV = "ASYNCRL_ROLLOUT_ADDRESSES"  # read by asyncrl.wiring.training
+MAX_RESTARTS = 3  # JobSet restarts after a trainer pod fails (failurePolicy.maxRestarts)
+FUSE_DRIVER = "gcsfuse.csi.storage.gke.io"
+
+
+def jobset_name(run_id: str) -> str:
+    """The JobSet of a run: a DNS label short enough for `<name>-trainer-<i>-<j>` hostnames."""
+    base = re.sub(r"[^a-z0-9-]+", "-", run_id.lower()).strip("-")
+    name = f"asyncrl-{base}".rstrip("-")
+    if len(name) > 40:  # keep it unique: a digest of the whole id
+        digest = hashlib.sha256(run_id.encode()).hexdigest()[:8]
+        name = f"{name[:31].rstrip('-')}-{digest}"
+    return name
 
 
 def slice_shape(tpu_type: str, topology: str) -> tuple[int, int]:
@@ -59,12 +76,13 @@ def slice_shape(tpu_type: str, topology: str) -> tuple[int, int]:
 
 
 def _stage_command(program: Sequence[str], extra: Sequence[str] = ()) -> list[str]:
-    """Write the config from the environment to scratch, then run `program` on it. The run
-    folder gs://b/p is read and written at /gcs/b/p (Cloud Storage FUSE)."""
+    """Write the config from the environment to scratch, then run `program` on it, in the run
+    folder ASYNCRL_RUN_DIR (a gs:// folder is read and written at /gcs/<bucket>/..., its Cloud
+    Storage FUSE path, by RunLayout)."""
     script = (
         'printf "%s" "$ASYNCRL_CONFIG_YAML" > /tmp/config.yaml && '
         f"exec {shlex.join(program)} /tmp/config.yaml "
-        '--run-dir "/gcs/${ASYNCRL_RUN_DIR#gs://}"'
+        '--run-dir "$ASYNCRL_RUN_DIR"'
     )
     if extra:
         script += f" {shlex.join(extra)}"
@@ -172,7 +190,9 @@ def rollout_addresses(name: str, replicas: int, port: int) -> list[str]:
     return [f"{name}-rollout-{i}-0.{name}:{port}" for i in range(replicas)]
 
 
-def _trainer_job(cfg: RunConfig, name: str, env: list[dict], remote: bool) -> dict[str, Any]:
+def _trainer_job(
+    cfg: RunConfig, name: str, env: list[dict], remote: bool, extra: Sequence[str]
+) -> dict[str, Any]:
     """The indexed trainer job: one pod per host, joined by jax.distributed."""
     c = cfg.cluster
     hosts, chips = slice_shape(c.tpu_type, c.tpu_topology)
@@ -199,34 +219,75 @@ def _trainer_job(cfg: RunConfig, name: str, env: list[dict], remote: bool) -> di
             {"name": ADDRESSES_ENV, "value": ",".join(addresses)},
         ]
     ports = [("coordinator", COORDINATOR_PORT), ("tpu-slice", TPU_SLICE_PORT)]
-    command = _stage_command(["asyncrl", "train"])
+    command = _stage_command(["asyncrl", "train"], extra)
     pod = _pod_spec(cfg, _container("trainer", c.image, command, env, chips, ports), tpu=True)
-    return _job("trainer", 1, hosts, _with_token(pod, c.rollout_token_secret) if remote else pod)
+    job = _job("trainer", 1, hosts, _with_token(pod, c.rollout_token_secret) if remote else pod)
+    if remote:  # replicas first: a trainer that finds none serving would stop at once
+        job["dependsOn"] = [{"name": "rollout", "status": "Ready"}]
+    return job
 
 
-def _rollout_job(cfg: RunConfig, env: list[dict]) -> dict[str, Any]:
+def _rollout_job(cfg: RunConfig, env: list[dict], extra: Sequence[str]) -> dict[str, Any]:
     """`cluster.rollout_replicas` single-pod jobs, each a replica serving on 0.0.0.0 (whatever
     `cluster.rollout_bind_host` says: its loopback default is for replicas on one machine)."""
     c = cfg.cluster
     _, chips = slice_shape(c.tpu_type, c.tpu_topology)
     serve = ["--host", "0.0.0.0", "--port", str(c.rollout_port), "--token-file", TOKEN_FILE]
-    command = _stage_command(["asyncrl", "rollout-server"], serve)
-    ports = [("rollout", c.rollout_port)]
-    pod = _pod_spec(cfg, _container("rollout", c.image, command, env, chips, ports), tpu=True)
+    command = _stage_command(["asyncrl", "rollout-server"], [*serve, *extra])
+    container = _container("rollout", c.image, command, env, chips, [("rollout", c.rollout_port)])
+    container["readinessProbe"] = {"tcpSocket": {"port": "rollout"}, "periodSeconds": 5}
+    pod = _pod_spec(cfg, container, tpu=True)
     return _job("rollout", c.rollout_replicas, 1, _with_token(pod, c.rollout_token_secret))
 
 
-def render_jobset(cfg: RunConfig, name: str, run_uri: str) -> dict[str, Any]:
-    """The JobSet of a training run whose folder is `run_uri` (a gs:// URI on GKE)."""
+def _with_run_folder(job: dict[str, Any], run_uri: str) -> dict[str, Any]:
+    """Mount a gs:// run folder's bucket at /gcs/<bucket> (Cloud Storage FUSE CSI, ephemeral)."""
+    if not run_uri.startswith("gs://"):
+        return job
+    bucket = run_uri[len("gs://") :].split("/", 1)[0]
+    template = job["template"]["spec"]["template"]
+    template["metadata"]["annotations"] = {"gke-gcsfuse/volumes": "true"}
+    template["spec"]["volumes"].append(
+        {
+            "name": "runs",
+            "csi": {
+                "driver": FUSE_DRIVER,
+                "volumeAttributes": {"bucketName": bucket, "mountOptions": "implicit-dirs"},
+            },
+        }
+    )
+    mount = {"name": "runs", "mountPath": f"/gcs/{bucket}"}
+    template["spec"]["containers"][0]["volumeMounts"].append(mount)
+    return job
+
+
+def render_jobset(
+    cfg: RunConfig,
+    name: str,
+    run_uri: str,
+    init_model: str | None = None,
+    max_restarts: int = MAX_RESTARTS,
+) -> dict[str, Any]:
+    """The JobSet of a training run whose folder is `run_uri` (a gs:// URI on GKE), starting from
+    the model folder `init_model` (as its pods see it) when given."""
     c = cfg.cluster
     remote = c.placement == "remote" and c.rollout_replicas > 0
     env = [
         {"name": "ASYNCRL_CONFIG_YAML", "value": to_yaml(cfg)},
         {"name": "ASYNCRL_RUN_DIR", "value": run_uri},
     ]
-    jobs = [_trainer_job(cfg, name, env, remote)]
+    extra = ["--init-model", init_model] if init_model else []
+    jobs = [_rollout_job(cfg, env, extra)] if remote else []
+    jobs.append(_trainer_job(cfg, name, env, remote, extra))
+    failure: dict[str, Any] = {"maxRestarts": max_restarts}
     if remote:
-        jobs.append(_rollout_job(cfg, env))
+        failure["rules"] = [
+            {
+                "name": "RolloutReplicaFailed",
+                "action": "RestartJob",
+                "targetReplicatedJobs": ["rollout"],
+            }
+        ]
     return {
         "apiVersion": f"{GROUP}/{VERSION}",
         "kind": "JobSet",
@@ -240,9 +301,9 @@ def render_jobset(cfg: RunConfig, name: str, run_uri: str) -> dict[str, Any]:
         },
         "spec": {
             "network": {"enableDNSHostnames": True, "subdomain": name},
-            "failurePolicy": {"maxRestarts": 3},
+            "failurePolicy": failure,
             "successPolicy": {"operator": "All", "targetReplicatedJobs": ["trainer"]},
-            "replicatedJobs": jobs,
+            "replicatedJobs": [_with_run_folder(job, run_uri) for job in jobs],
         },
     }
 
@@ -263,109 +324,5 @@ def job_manifests(jobset: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 class JobSetError(RuntimeError):
-    pass
-
-
-@dataclass(slots=True)
-class JobSetOutcome:
-    name: str
-    state: str  # Completed, Failed, TimedOut, Cancelled
-    seconds: float
-    logs: dict[str, str] = field(default_factory=dict)  # pod -> tail of its log
-    message: str = ""
-
-
-class JobSetRunner:
-    """Launch, watch and delete JobSets through the Kubernetes API (`kubernetes` client)."""
-
-    def __init__(self, api_client, namespace: str, poll_s: float = 2.0, log_lines: int = 50):
-        from kubernetes import client
-
-        self.custom = client.CustomObjectsApi(api_client)
-        self.core = client.CoreV1Api(api_client)
-        self.namespace, self.poll_s, self.log_lines = namespace, poll_s, log_lines
-
-    def launch(self, jobset: dict[str, Any]) -> str:
-        from kubernetes.client.exceptions import ApiException
-
-        try:
-            self.custom.create_namespaced_custom_object(
-                GROUP, VERSION, self.namespace, PLURAL, jobset
-            )
-        except ApiException as e:
-            raise JobSetError(
-                f"creating JobSet {jobset['metadata']['name']} in {self.namespace} failed: "
-                f"HTTP {e.status} {e.reason}"
-            ) from None
-        return jobset["metadata"]["name"]
-
-    def state(self, name: str) -> tuple[str, str]:
-        """("Running" | "Completed" | "Failed", message) from the JobSet's status conditions."""
-        obj = self.custom.get_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, name)
-        for cond in (obj.get("status") or {}).get("conditions") or []:
-            if cond.get("status") == "True" and cond.get("type") in ("Completed", "Failed"):
-                return cond["type"], cond.get("message", "")
-        return "Running", ""
-
-    def logs(self, name: str) -> dict[str, str]:
-        pods = self.core.list_namespaced_pod(self.namespace, label_selector=f"{NAME_LABEL}={name}")
-        out = {}
-        for pod in pods.items:
-            try:
-                out[pod.metadata.name] = self.core.read_namespaced_pod_log(
-                    pod.metadata.name, self.namespace, tail_lines=self.log_lines
-                )
-            except Exception as e:  # a pod that never started has no log
-                out[pod.metadata.name] = f"(no log: {type(e).__name__})"
-        return out
-
-    def delete(self, name: str) -> None:
-        from kubernetes.client.exceptions import ApiException
-
-        try:
-            self.custom.delete_namespaced_custom_object(
-                GROUP, VERSION, self.namespace, PLURAL, name, propagation_policy="Foreground"
-            )
-        except ApiException as e:
-            if e.status != 404:
-                raise
-
-    def run(
-        self,
-        jobset: dict[str, Any],
-        timeout_s: float,
-        on_poll: Callable[[str], None] | None = None,
-        cancelled: Callable[[], bool] = lambda: False,
-    ) -> JobSetOutcome:
-        start = time.monotonic()
-        name = self.launch(jobset)
-        try:
-            while True:
-                state, message = self.state(name)
-                if on_poll:
-                    on_poll(state)
-                if state in ("Completed", "Failed"):
-                    return JobSetOutcome(
-                        name, state, time.monotonic() - start, self.logs(name), message
-                    )
-                if cancelled():
-                    self.delete(name)
-                    return JobSetOutcome(name, "Cancelled", time.monotonic() - start)
-                if time.monotonic() - start > timeout_s:
-                    logs = self.logs(name)
-                    self.delete(name)
-                    return JobSetOutcome(
-                        name, "TimedOut", time.monotonic() - start, logs, f"after {timeout_s} s"
-                    )
-                time.sleep(self.poll_s)
-        except BaseException:
-            self.delete(name)  # interrupted: leave nothing running behind
-            raise
-
-
-def run_training_jobset(cfg: RunConfig, run_dir, init_model: str | None):
-    """The train stage on GKE with remote placement: the JobSet does the training."""
-    raise JobSetError(
-        "placement 'remote' (rollout replicas in their own pods) needs the rollout server, "
-        "which is not built yet; use placement 'colocated' or 'disaggregated' on one TPU host"
-    )
+    """A JobSet that could not be launched, or did not complete (the message holds its pods' log
+    tails)."""

@@ -3,9 +3,12 @@
 Each function parses the run config (one YAML string), sets up the process's devices, calls the
 stage function in `asyncrl.stages` and copies the stage's results into typed KFP artifacts (Model,
 Metrics, HTML, Markdown, Artifact) so the Kubeflow UI shows them. Nothing else happens here: the
-stages own the work. Every component runs in the one runtime image (`images/runtime.Dockerfile`),
-which has asyncrl and kfp installed, so `install_kfp_package=False` and no pip installs at run
-time. Stages the config leaves out of `pipeline.stages` return at once, marked skipped.
+stages own the work. On the gke backend `train` is a launcher (cloud/launcher.py): the run's
+JobSet trains on the TPU slice while this pod watches it, and its result is read from the run
+folder; provision and teardown reach GKE's API (or the endpoint stages/launch.py names). Every
+component runs in the one runtime image (`images/runtime.Dockerfile`), which has asyncrl and kfp
+installed, so `install_kfp_package=False` and no pip installs at run time. Stages the config
+leaves out of `pipeline.stages` return at once, marked skipped.
 """
 
 # No `from __future__ import annotations`: KFP reads the real annotation objects.
@@ -30,8 +33,9 @@ def provision(config_yaml: str, job_id: str) -> NamedTuple("Outputs", [("run_dir
     provisioner = None
     if cfg.cluster.backend == "gke":
         from asyncrl.cloud.provision import NodePoolProvisioner
+        from asyncrl.stages.launch import gke_endpoint
 
-        provisioner = NodePoolProvisioner()
+        provisioner = NodePoolProvisioner(endpoint=gke_endpoint())
     layout = RunLayout.at(cfg.pipeline.runs_dir, cfg.pipeline.run_id or job_id)
     result = run(cfg, layout, provisioner)
     print(f"provisioned {result.devices}; run folder {result.run_dir}")
@@ -80,13 +84,13 @@ def train(
     if "train" not in cfg.pipeline.stages:
         model.metadata["skipped"] = True
         return init_model
-    ensure_host_devices(cfg)
     layout = RunLayout.of(run_dir)
-    if cfg.cluster.backend == "gke" and cfg.cluster.placement == "remote":
-        from asyncrl.cloud.jobset import run_training_jobset
+    if cfg.cluster.backend == "gke":  # a launcher: the run's JobSet trains, on the TPU slice
+        from asyncrl.cloud.launcher import run_training_jobset
 
         result = run_training_jobset(cfg, layout, init_model or None)
     else:
+        ensure_host_devices(cfg)
         from asyncrl.stages.train import train as run
 
         result = run(cfg, layout, init_model=init_model or None)
@@ -192,8 +196,9 @@ def teardown(config_yaml: str, job_id: str, status: dsl.PipelineTaskFinalStatus)
     provisioner = None
     if cfg.cluster.backend == "gke":
         from asyncrl.cloud.provision import NodePoolProvisioner
+        from asyncrl.stages.launch import gke_endpoint
 
-        provisioner = NodePoolProvisioner()
+        provisioner = NodePoolProvisioner(endpoint=gke_endpoint())
     layout = RunLayout.at(cfg.pipeline.runs_dir, cfg.pipeline.run_id or job_id)
     result = run(cfg, layout, pipeline_state=status.state, provisioner=provisioner)
     print(f"teardown after {status.state}: released {len(result.released)} resources")

@@ -9,9 +9,10 @@ Caching is off for every stage: each has side effects (a run folder, a champion,
 
 TPU placement comes from the config at compile time, through `kfp-kubernetes`: the GKE TPU node
 selectors, a toleration for the `google.com/tpu` taint and `google.com/tpu` chip limits on the
-stages that use the accelerator; pods run as non-root with a timeout. The Kubernetes service
-account is named at submit time (`asyncrl pipeline submit`), and Workload Identity maps it to GCS
-permissions: no key or secret is ever a parameter. The same pipeline runs locally
+stages that use the accelerator in their own pod (warm start, recovery test, gate; train is a
+launcher whose JobSet's pods hold the slice); pods run as non-root with a timeout. The Kubernetes
+service account is named at submit time (`asyncrl pipeline submit`), and Workload Identity maps it
+to GCS permissions: no key or secret is ever a parameter. The same pipeline runs locally
 through `kfp.local` (see `pipeline/local.py`), where those settings have no effect.
 """
 
@@ -68,8 +69,8 @@ def build_pipeline(cfg: RunConfig):
             rep = comps.report(config_yaml=config_yaml, run_dir=run_dir).after(prom)
             for task in (ws, tr, rec, gate, prom, rep):
                 task.set_caching_options(False)
-            if accelerated:
-                for task in (ws, tr, rec, gate):
+            if accelerated:  # train launches the JobSet that trains: its own pod needs no TPU
+                for task in (ws, rec, gate):
                     _on_tpu(task, cfg)
         if cfg.cluster.backend == "gke":
             for task in (prov, ws, tr, rec, gate, prom, rep, down):

@@ -2,13 +2,18 @@
 
 `kfp.local.SubprocessRunner(use_venv=False)` runs each component in a subprocess of this Python
 environment (where asyncrl is installed), in pipeline order, with the exit handler. Everything a
-run writes goes under `runs/<run id>/` (the KFP task outputs under `runs/<run id>/kfp/`). The
+run writes goes under `runs/<run id>/` (the KFP task outputs under `runs/<run id>/kfp/`).
+A config with `cluster.backend: gke` runs against a local cluster (cloud/local_cluster.py) that
+this process holds for the run: the tasks provision through its loopback GKE API and the train
+task launches the run's JobSet on its Kubernetes API, where the local JobSet executor runs the
+pods as processes (state and pod logs under `runs/<run id>/cluster/`). The
 outcome is read from what the stages wrote, not from log lines: the teardown record holds the
 pipeline's final state, and each stage's result file says how far the run got.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,7 +32,9 @@ class LocalRun:
     teardown_ran: bool
 
 
-def run_local(cfg: RunConfig) -> LocalRun:
+def run_local(cfg: RunConfig, cluster=None) -> LocalRun:
+    """Run the pipeline through kfp.local. With backend gke: against `cluster` (a LocalCluster),
+    else a local cluster of its own for the run."""
     from kfp import local
 
     from asyncrl.pipeline.definition import build_pipeline
@@ -40,7 +47,14 @@ def run_local(cfg: RunConfig) -> LocalRun:
         pipeline_root=str(layout.kfp_root),
         raise_on_error=False,
     )
-    build_pipeline(cfg)(config_yaml=to_yaml(cfg))
+    with contextlib.ExitStack() as stack:
+        if cfg.cluster.backend == "gke":
+            from asyncrl.cloud.local_cluster import cluster_for, environment
+
+            if cluster is None:
+                cluster = stack.enter_context(cluster_for(cfg, layout.root / "cluster"))
+            stack.enter_context(environment(cluster.env()))  # the tasks inherit it
+        build_pipeline(cfg)(config_yaml=to_yaml(cfg))
     return outcome(layout)
 
 

@@ -1,0 +1,309 @@
+"""The GKE launch path on one machine: the local JobSet executor behind an in-process Kubernetes API
+
+Fast tests drive the executor with small JobSets whose pods are short Python programs (what the
+controller and kubelet do: environment, DNS names, token Secret, scratch, ordering, failure and
+success policies, logs, cancellation). The slow ones run the JobSet the train stage renders,
+with a real trainer and two rollout replicas: the GKE-shaped pipeline end to end through
+kfp.local, a trainer pod SIGKILLed and resumed, a replica SIGKILLed, a JobSet failing for good.
+"""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+from kubernetes import client
+
+from asyncrl.cloud.jobset import GROUP, PLURAL, VERSION
+from asyncrl.cloud.launcher import JobSetRunner
+from asyncrl.cloud.local_cluster import local_cluster
+
+NS = "asyncrl"
+SECRET = "asyncrl-rollout-token"
+WAIT_S = 60  # longest a fast test waits for a JobSet of small programs
+
+# A replica: listens on argv[1]:argv[2], answers each connection with its hostname and token.
+SERVER = textwrap.dedent(
+    """
+    import os, socket, sys
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind((sys.argv[1], int(sys.argv[2])))
+    s.listen()
+    print("serving on", s.getsockname()[0], flush=True)
+    token = open(sys.argv[3]).read()
+    while True:
+        c, _ = s.accept()
+        c.sendall(f"{os.environ['HOSTNAME']} {token}".encode())
+        c.close()
+    """
+)
+# A trainer: asks every address in ADDRS, writes what it saw to $OUT/<index>.json, then waits for
+# $OUT/go (when it exists) and exits with $EXIT (default 0).
+TRAINER = textwrap.dedent(
+    """
+    import json, os, socket, sys, time
+    seen = []
+    for address in os.environ["ADDRS"].split(","):
+        host, port = address.rsplit(":", 1)
+        with socket.create_connection((host, int(port)), timeout=5) as c:
+            seen.append(c.recv(200).decode())
+    index = os.environ["JOB_COMPLETION_INDEX"]
+    report = {
+        "seen": seen,
+        "index": index,
+        "process_id": os.environ["PROCESS_ID"],
+        "hostname": os.environ["HOSTNAME"],
+        "scratch": open(sys.argv[1]).read(),
+        "token_env": open(os.environ["TOKEN_FILE"]).read(),
+    }
+    out = os.environ["OUT"]
+    open(os.path.join(out, index + ".json"), "w").write(json.dumps(report))
+    print("trainer", index, "saw", len(seen), "replicas", flush=True)
+    while os.environ.get("WAIT") and not os.path.exists(os.path.join(out, "go")):
+        time.sleep(0.05)
+    raise SystemExit(int(os.environ.get("EXIT", "0")))
+    """
+)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _pod(command, env=(), port=None):
+    container = {
+        "name": "main",
+        "image": "local",
+        "command": command,
+        "env": list(env),
+        "volumeMounts": [
+            {"name": "scratch", "mountPath": "/tmp"},
+            {"name": "token", "mountPath": "/var/run/asyncrl/token", "readOnly": True},
+        ],
+    }
+    if port:
+        container["ports"] = [{"name": "rollout", "containerPort": port}]
+        container["readinessProbe"] = {"tcpSocket": {"port": "rollout"}}
+    secret = {"secretName": SECRET, "items": [{"key": "token", "path": "token"}]}
+    return {
+        "restartPolicy": "Never",
+        "containers": [container],
+        "volumes": [{"name": "scratch", "emptyDir": {}}, {"name": "token", "secret": secret}],
+    }
+
+
+def _job(name, replicas, pods, spec, **extra):
+    template = {"metadata": {"labels": {"role": name}}, "spec": spec}
+    job = {
+        "parallelism": pods,
+        "completions": pods,
+        "completionMode": "Indexed",
+        "backoffLimit": 0,
+        "template": template,
+    }
+    return {"name": name, "replicas": replicas, **extra, "template": {"spec": job}}
+
+
+def small_jobset(name, out: Path, *, trainers=2, replicas=2, env=(), max_restarts=0, rules=()):
+    """Replicas first, trainers (an indexed job) once they are ready, as render_jobset does."""
+    port = _free_port()
+    addresses = ",".join(f"{name}-rollout-{i}-0.{name}:{port}" for i in range(replicas))
+    serve = ["python", "-c", SERVER, "0.0.0.0", str(port), "/var/run/asyncrl/token/token"]
+    index = "metadata.annotations['batch.kubernetes.io/job-completion-index']"
+    trainer_env = [
+        {"name": "ADDRS", "value": addresses},
+        {"name": "OUT", "value": str(out)},
+        {"name": "TOKEN_FILE", "value": "/var/run/asyncrl/token/token"},
+        {"name": "PROCESS_ID", "valueFrom": {"fieldRef": {"fieldPath": index}}},
+        {"name": "CODE", "value": TRAINER},
+        *env,
+    ]
+    script = 'echo "scratch of $HOSTNAME" > /tmp/note && exec python -c "$CODE" /tmp/note'
+    jobs = [
+        _job("rollout", replicas, 1, _pod(serve, port=port)),
+        _job(
+            "trainer",
+            1,
+            trainers,
+            _pod(["sh", "-c", script], trainer_env),
+            dependsOn=[{"name": "rollout", "status": "Ready"}],
+        ),
+    ]
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "JobSet",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {
+            "network": {"enableDNSHostnames": True, "subdomain": name},
+            "failurePolicy": {"maxRestarts": max_restarts, "rules": list(rules)},
+            "successPolicy": {"operator": "All", "targetReplicatedJobs": ["trainer"]},
+            "replicatedJobs": jobs,
+        },
+    }
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    with local_cluster(tmp_path / "cluster", NS, SECRET, shared=(tmp_path,)) as c:
+        yield c
+
+
+def _token(cluster) -> str:
+    import base64
+
+    secret = client.CoreV1Api(cluster.api_client()).read_namespaced_secret(SECRET, NS)
+    return base64.b64decode(secret.data["token"]).decode()
+
+
+def _wait(predicate, what, timeout_s=WAIT_S):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_a_jobset_runs_as_rendered_with_what_kubernetes_injects(cluster, tmp_path):
+    """Two trainer pods reach both replicas by their headless-service names, read the Secret's
+    token, have their own /tmp and completion index; the JobSet completes and the replicas stop."""
+    out = tmp_path / "out"
+    out.mkdir()
+    runner = JobSetRunner(cluster.api_client(), NS, poll_s=0.1)
+    outcome = runner.run(small_jobset("js-a", out), timeout_s=WAIT_S)
+    assert outcome.state == "Completed", (outcome.message, outcome.logs, cluster.executor.errors)
+    token = _token(cluster)
+    reports = [json.loads((out / f"{i}.json").read_text()) for i in range(2)]
+    for i, report in enumerate(reports):
+        assert report["index"] == report["process_id"] == str(i)
+        assert report["hostname"] == f"js-a-trainer-0-{i}"
+        assert report["scratch"] == f"scratch of js-a-trainer-0-{i}\n"  # its own /tmp
+        assert report["token_env"] == token
+        assert report["seen"] == [f"js-a-rollout-{r}-0 {token}" for r in range(2)]
+    assert cluster.executor.pods("js-a") == []  # the replicas were stopped with the JobSet
+
+
+def test_pods_logs_status_and_addresses_through_the_api(cluster, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    custom = client.CustomObjectsApi(cluster.api_client())
+    custom.create_namespaced_custom_object(
+        GROUP, VERSION, NS, PLURAL, small_jobset("js-b", out, trainers=1, env=[_wait_env()])
+    )
+    core = client.CoreV1Api(cluster.api_client())
+    trainer = _wait(lambda: cluster.executor.pods("js-b", "trainer"), "the trainer pod")[0]
+    replicas = cluster.executor.pods("js-b", "rollout")
+    ips = {p.ip for p in [trainer, *replicas]}
+    assert len(ips) == 3 and all(ip.startswith("127.") for ip in ips)  # one address per pod
+    for pod in replicas:  # ready (probe passed) before the trainer was created
+        got = core.read_namespaced_pod(pod.name, NS)
+        assert got.status.phase == "Running" and got.status.pod_ip == pod.ip
+        assert {c.type: c.status for c in got.status.conditions}["Ready"] == "True"
+        log = core.read_namespaced_pod_log(pod.name, NS, tail_lines=1)
+        assert log == f"serving on {pod.ip}\n"  # 0.0.0.0 is the pod's own address
+    (out / "go").touch()
+    _wait(lambda: _status(cluster, "js-b").get("terminalState"), "the JobSet to end")
+    done = core.read_namespaced_pod(trainer.name, NS)
+    assert done.status.phase == "Succeeded"
+    assert done.status.container_statuses[0].state.terminated.exit_code == 0
+    assert done.metadata.labels["jobset.sigs.k8s.io/jobset-name"] == "js-b"
+
+
+def _wait_env():
+    return {"name": "WAIT", "value": "1"}
+
+
+def _status(cluster, name) -> dict:
+    custom = client.CustomObjectsApi(cluster.api_client())
+    return custom.get_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, name).get("status") or {}
+
+
+def test_a_failing_trainer_restarts_the_jobset_then_fails_it_with_the_log_tail(cluster, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    jobset = small_jobset(
+        "js-c", out, trainers=1, replicas=1, max_restarts=2, env=[{"name": "EXIT", "value": "3"}]
+    )
+    runner = JobSetRunner(cluster.api_client(), NS, poll_s=0.1)
+    outcome = runner.run(jobset, timeout_s=WAIT_S)
+    assert outcome.state == "Failed" and outcome.restarts == 2
+    assert "ReachedMaxRestarts" in outcome.message and "exited with 3" in outcome.message
+    (pod,) = [p for p in outcome.logs if "-trainer-" in p]  # the last attempt's pod, kept
+    assert outcome.logs[pod] == "trainer 0 saw 1 replicas\n"
+
+
+def test_a_killed_replica_restarts_alone_while_the_trainer_carries_on(cluster, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    rule = {"name": "Replica", "action": "RestartJob", "targetReplicatedJobs": ["rollout"]}
+    custom = client.CustomObjectsApi(cluster.api_client())
+    jobset = small_jobset("js-d", out, trainers=1, max_restarts=1, env=[_wait_env()], rules=[rule])
+    custom.create_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, jobset)
+    trainer = _wait(lambda: cluster.executor.pods("js-d", "trainer"), "the trainer pod")[0]
+    _wait((out / "0.json").exists, "the trainer to reach both replicas")
+    victim = next(p for p in cluster.executor.pods("js-d", "rollout") if "-rollout-1-" in p.name)
+    os.kill(victim.pid, signal.SIGKILL)
+
+    def replaced():
+        pods = [p for p in cluster.executor.pods("js-d", "rollout") if "-rollout-1-" in p.name]
+        return pods and pods[0].name != victim.name and pods[0].ready and pods[0]
+
+    again = _wait(replaced, "a ready replacement replica")
+    assert again.ip == victim.ip  # same hostname, same address
+    status = _status(cluster, "js-d")
+    assert status["restarts"] == 0  # the JobSet was not restarted
+    rollout = next(s for s in status["replicatedJobsStatus"] if s["name"] == "rollout")
+    assert rollout["jobRestarts"] == [0, 1]
+    assert cluster.executor.pods("js-d", "trainer")[0].pid == trainer.pid  # untouched
+    (out / "go").touch()
+    _wait(lambda: _status(cluster, "js-d").get("terminalState") == "Completed", "completion")
+
+
+LAUNCH = textwrap.dedent(
+    """
+    import json, sys
+    from asyncrl.cloud.launcher import JobSetRunner, kube_api_client, sigterm_cancels
+    runner = JobSetRunner(kube_api_client(), "asyncrl", poll_s=0.1)
+    print("launching", flush=True)
+    with sigterm_cancels():
+        runner.run(json.loads(sys.argv[1]), timeout_s=600)
+    """
+)
+
+
+def test_a_cancelled_launcher_deletes_its_jobset_and_the_pods_stop(cluster, tmp_path):
+    """SIGTERM (how KFP cancels a task) to a launcher process: its JobSet is deleted, so its pods
+    are stopped and deleted, nothing keeps running."""
+    out = tmp_path / "out"
+    out.mkdir()
+    jobset = small_jobset("js-e", out, trainers=1, replicas=1, env=[_wait_env()])
+    env = {**os.environ, **cluster.env()}
+    launcher = subprocess.Popen(
+        [sys.executable, "-c", LAUNCH, json.dumps(jobset)], env=env, stdout=subprocess.PIPE
+    )
+    pods = _wait(
+        lambda: len(cluster.executor.pods("js-e")) == 2 and cluster.executor.pods("js-e"),
+        "both pods",
+        timeout_s=120,
+    )
+    launcher.send_signal(signal.SIGTERM)
+    assert launcher.wait(60) != 0
+    _wait(lambda: not cluster.executor.runs.get("js-e"), "the executor to drop the JobSet")
+    assert all(p.poll() is not None for p in pods)
+    listed = client.CoreV1Api(cluster.api_client()).list_namespaced_pod(NS).items
+    assert [p.metadata.name for p in listed if "js-e" in p.metadata.name] == []
+    with pytest.raises(client.exceptions.ApiException) as gone:
+        client.CustomObjectsApi(cluster.api_client()).get_namespaced_custom_object(
+            GROUP, VERSION, NS, PLURAL, "js-e"
+        )
+    assert gone.value.status == 404
