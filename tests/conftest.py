@@ -1,6 +1,8 @@
 """Test session set-up: 4 virtual CPU devices (meshes, disaggregated placement), float32."""
 
 import os
+from dataclasses import dataclass
+from pathlib import Path
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -63,19 +65,51 @@ def local_pipeline_run(folder, *overrides):
     return run_local(cfg)
 
 
+@dataclass(frozen=True)
+class PipelineRun:
+    folder: Path  # holds runs/ and the champion registry ch/
+    result: object  # pipeline.local.LocalRun: how far the run got, from its validated results
+    returncode: int | None = None  # of `asyncrl run`, for the run made through the CLI
+    output: str = ""
+
+
 @pytest.fixture(scope="session")
 def passing_run(tmp_path_factory):
-    """(folder, LocalRun) of a local pipeline run through every stage."""
+    """A run through every stage, made the way a user makes one: `asyncrl run` (what `make run`
+    calls) in its own process, run id `passing`."""
+    import subprocess
+    import sys
+
+    from asyncrl.pipeline.local import outcome
+    from asyncrl.run_layout import RunLayout
+    from asyncrl.testing.configs import MICRO_OVERRIDES
+
     folder = tmp_path_factory.mktemp("passing-run")
-    return folder, local_pipeline_run(folder)
+    overrides = [
+        *MICRO_OVERRIDES,
+        *PIPELINE_OVERRIDES,
+        f"pipeline.runs_dir={folder / 'runs'}",
+        "pipeline.run_id=passing",
+        f"gate.champion={folder / 'ch'}",
+    ]
+    done = subprocess.run(
+        [sys.executable, "-m", "asyncrl.cli", "run", "configs/local.yaml", *overrides],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
+    layout = RunLayout.of(folder / "runs" / "passing")
+    return PipelineRun(folder, outcome(layout), done.returncode, done.stdout + done.stderr)
 
 
 @pytest.fixture(scope="session")
 def failing_gate_run(tmp_path_factory):
-    """(folder, LocalRun) of a run whose gate cannot pass (min_solve_rate 1), without recovery."""
+    """A run whose gate cannot pass (min_solve_rate 1), without warm start or recovery test,
+    made in-process through `pipeline.local.run_local`."""
     folder = tmp_path_factory.mktemp("failing-gate-run")
-    return folder, local_pipeline_run(
+    result = local_pipeline_run(
         folder,
         "gate.min_solve_rate=1.0",
         "pipeline.stages=[provision,train,quality_gate,report]",
     )
+    return PipelineRun(folder, result)

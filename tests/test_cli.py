@@ -1,8 +1,6 @@
 """The `asyncrl` command line: help everywhere, config show round-trips, bad keys exit 2."""
 
 import json
-import subprocess
-import sys
 
 import pytest
 import yaml
@@ -10,7 +8,6 @@ import yaml
 from asyncrl.cli import build_parser, main
 from asyncrl.config import from_dict, load_config
 from asyncrl.config.run import RunConfig
-from asyncrl.testing.configs import MICRO_OVERRIDES
 
 
 def _commands(parser, prefix=()):
@@ -47,33 +44,14 @@ def test_missing_config_file_exits_2(capsys):
 
 
 @pytest.mark.entry
-def test_run_executes_the_pipeline_and_exits_by_its_outcome(tmp_path):
-    """`asyncrl run` (what `make run` calls): the pipeline through kfp.local, exit 0 on success."""
-    args = [
-        *MICRO_OVERRIDES,
-        f"pipeline.runs_dir={tmp_path}",
-        "pipeline.run_id=t1",
-        "pipeline.stages=[provision,warm_start,train,report]",
-        "warm_start.steps=3",
-        "warm_start.warmup_steps=1",
-        "warm_start.content_steps=1",
-        "warm_start.batch_size=4",
-        "learner.steps=2",
-        "learner.time_budget_s=0",
-        "learner.eval_every=2",
-        "env.heldout_size=2",
-        "env.train_size=8",
-    ]
-    out = subprocess.run(
-        [sys.executable, "-m", "asyncrl.cli", "run", "configs/local.yaml", *args],
-        capture_output=True,
-        text=True,
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    run = tmp_path / "t1"
+def test_run_executes_the_pipeline_and_exits_by_its_outcome(passing_run):
+    """`asyncrl run` (what `make run` calls): the pipeline through kfp.local, exit 0 on success.
+    The run is the session's `passing_run` (conftest.py), made by this very command."""
+    assert passing_run.returncode == 0, passing_run.output[-3000:]
+    run = passing_run.folder / "runs" / "passing"
     assert json.loads((run / "model_check.json").read_text())["ok"] is True
     assert load_config(run / "config.yaml").model.preset == "micro"
-    assert json.loads((run / "warm_start" / "warm_start.json").read_text())["steps"] == 3
+    assert json.loads((run / "warm_start" / "warm_start.json").read_text())["steps"] == 10
     assert json.loads((run / "train" / "train.json").read_text())["steps"] == 2
     assert json.loads((run / "teardown.json").read_text())["pipeline_state"] == "SUCCEEDED"
     assert (run / "report.html").exists() and (run / "train" / "learning_curve.png").exists()

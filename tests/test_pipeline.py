@@ -17,6 +17,7 @@ from asyncrl.run_layout import RunLayout
 from asyncrl.stages.model_check import ModelCheckResult
 from asyncrl.stages.provision import TeardownResult
 from asyncrl.stages.quality_gate import GateResult
+from asyncrl.stages.recovery_test import PLAN, RecoveryVerdict
 from asyncrl.testing.configs import MICRO_OVERRIDES
 from asyncrl.testing.kfp_stub import kfp_stub
 
@@ -53,7 +54,8 @@ def test_gke_pipeline_carries_tpu_settings_and_retries():
 
 
 def test_the_local_pipeline_runs_every_stage_and_passes(passing_run):
-    folder, result = passing_run
+    folder, result = passing_run.folder, passing_run.result
+    assert passing_run.returncode == 0, passing_run.output[-3000:]
     assert result.succeeded and result.final_state == "SUCCEEDED"
     # Every stage, in order; promotion follows the gate.
     assert result.stages_done == (*ALL_STAGES[:-1], "promote", ALL_STAGES[-1])
@@ -62,10 +64,15 @@ def test_the_local_pipeline_runs_every_stage_and_passes(passing_run):
     assert champion["run_id"] == result.run_dir.name  # first run: promoted by the last stage
     kfp_outputs = list((result.run_dir / "kfp").rglob("executor_output.json"))
     assert len(kfp_outputs) >= 7  # one per component
+    verdict = RunLayout.of(result.run_dir).read(RecoveryVerdict)
+    assert [p.phase for p in verdict.phases] == [phase.value for phase, _ in PLAN]
+    assert verdict.passed and all(
+        p.killed and p.bit_identical and p.cursor_ok for p in verdict.phases
+    )
 
 
 def test_an_impossible_gate_fails_the_run_at_the_gate_and_teardown_still_runs(failing_gate_run):
-    folder, result = failing_gate_run
+    folder, result = failing_gate_run.folder, failing_gate_run.result
     assert not result.succeeded and result.final_state == "FAILED"
     assert result.gate_passed is False
     assert "report" not in result.stages_done and result.teardown_ran
@@ -119,6 +126,7 @@ def test_endpoint_errors_are_clear():
             remote.schedule(cfg, stub.host, "0 3 * * *")
 
 
+@pytest.mark.slow  # every stage again, in-process: the session's passing run covers the wiring
 def test_each_component_function_runs_on_its_own(tmp_path):
     """The components' Python functions, called directly in order with real artifact objects."""
     from kfp import dsl

@@ -58,7 +58,7 @@ def _markdown_tables(text: str) -> list[int]:
 
 
 def test_the_report_renders_in_a_browser_with_every_plot_and_table(passing_run, browser, tmp_path):
-    _, result = passing_run
+    result = passing_run.result
     layout = RunLayout.of(result.run_dir)
     page = layout.report_html.read_text()
     probed = tmp_path / "report.html"  # the page as shipped, plus the probe; nothing else
