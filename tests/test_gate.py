@@ -1,17 +1,36 @@
-"""The quality gate: intervals, pass@k, decide() on hand-built cases, the champion registry, and
-the stage failing a damaged checkpoint."""
+"""The quality gate and held-out evaluation: intervals against hand-computed values, pass@k, the
+failure breakdown of scripted episodes, the evaluation record, decide() on hand-built cases, the
+champion registry, and the stage failing a damaged checkpoint."""
 
+import asyncio
 import hashlib
+import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from asyncrl import records
+from asyncrl.agents import ToolAgent
+from asyncrl.config import EnvConfig
 from asyncrl.config.ops import GateConfig
+from asyncrl.envs.registry import build_environment
 from asyncrl.gates.champion import ChampionRegistry, RegistryError
-from asyncrl.gates.quality import Estimate, decide, pass_at_k, wilson
+from asyncrl.gates.evaluation import EvalSummary, evaluate_heldout, summarize
+from asyncrl.gates.failures import Failure, failure_of
+from asyncrl.gates.quality import Estimate, decide, pass_at_k, quality_metrics, wilson
+from asyncrl.metrics.intervals import wilson_mean
+from asyncrl.metrics.plots import interval_series, learning_curve
+from asyncrl.metrics.tracker import JsonlTracker, read_jsonl
+from asyncrl.rollout.episode import EpisodeLimits
+from asyncrl.testing.scripted_engine import ScriptedEngine
+from asyncrl.testing.trajectories import fixed_trajectory
+from asyncrl.tokenize import ByteTokenizer, ChatFormat
+from asyncrl.types import FinishReason, SamplingParams, Task, ToolCall, TrajectoryStatus
 
 CFG = GateConfig(min_solve_rate=0.3, max_regression=0.05, confidence=0.95)
+HAND = 1e-4  # tolerance on interval ends computed by hand to 4 decimals
 
 
 def test_wilson_interval_matches_hand_computation():
@@ -23,6 +42,36 @@ def test_wilson_interval_matches_hand_computation():
     assert e.low == pytest.approx(centre - half, abs=1e-6)
     assert e.high == pytest.approx(centre + half, abs=1e-6)
     assert wilson(0, 0, 0.95) == Estimate(0.0, 0.0, 1.0, 0)
+    # Textbook values: 8/10 -> [0.4902, 0.9433]; 0/10 -> [0, z²/(n+z²)] = [0, 0.2775].
+    assert (e.low, e.high) == pytest.approx((0.4902, 0.9433), abs=HAND)
+    assert (wilson(0, 10, 0.95).low, wilson(0, 10, 0.95).high) == pytest.approx(
+        (0, 0.2775), abs=HAND
+    )
+    assert (wilson(10, 10, 0.95).low, wilson(10, 10, 0.95).high) == pytest.approx(
+        (0.7225, 1), abs=HAND
+    )
+    with pytest.raises(ValueError, match="successes"):
+        wilson(11, 10, 0.95)
+
+
+def test_wilson_ends_solve_the_score_equation():
+    """(p̂ − p)² = z² p(1 − p) / n at both ends (away from the clamps at 0 and 1)."""
+    z = 1.959964
+    for successes, n in ((1, 7), (3, 9), (40, 100), (199, 200)):
+        e = wilson(successes, n, 0.95)
+        for p in (e.low, e.high):
+            assert (e.value - p) ** 2 == pytest.approx(z * z * p * (1 - p) / n, rel=1e-6)
+
+
+def test_wilson_mean_is_the_interval_over_units_of_their_mean():
+    # Mean 0.625 over 4 tasks: centre (0.625 + z²/8) / (1 + z²/4) = 0.5637, half-width 0.3444.
+    e = wilson_mean([1.0, 0.5, 0.0, 1.0], 0.95)
+    assert (e.value, e.n) == (0.625, 4)
+    assert (e.low, e.high) == pytest.approx((0.2194, 0.9081), abs=HAND)
+    # Conservative: wider than Wilson over the 4·k episodes behind the same mean (k = 2 here).
+    assert e.high - e.low > wilson(5, 8, 0.95).high - wilson(5, 8, 0.95).low
+    with pytest.raises(ValueError, match=r"\[0, 1\]"):
+        wilson_mean([1.5], 0.95)
 
 
 def test_pass_at_k_is_the_unbiased_estimator():
@@ -30,6 +79,178 @@ def test_pass_at_k_is_the_unbiased_estimator():
     assert pass_at_k(4, 4, 2) == 1.0
     assert pass_at_k(4, 1, 2) == pytest.approx(1 - (3 / 4) * (2 / 3))  # 1 - C(3,2)/C(4,2)
     assert pass_at_k(5, 2, 1) == pytest.approx(2 / 5)
+    with pytest.raises(ValueError, match="k <= n"):
+        pass_at_k(2, 0, 4)  # fewer samples than k: no estimate (it used to say 1.0)
+
+
+def _ended(status, reward=0.0, well_formed=True):
+    parts = (("exact_match", reward), ("format", 1.0 if well_formed else 0.0))
+    return replace(fixed_trajectory(), status=status, reward=reward, reward_parts=parts)
+
+
+def test_each_ending_fails_for_exactly_one_reason():
+    S = TrajectoryStatus
+    assert failure_of(_ended(S.COMPLETED, 1.0)) is None
+    assert failure_of(_ended(S.COMPLETED)) == Failure.WRONG_ANSWER
+    assert failure_of(_ended(S.COMPLETED, well_formed=False)) == Failure.MALFORMED_ANSWER
+    assert failure_of(replace(_ended(S.COMPLETED), reward_parts=())) == Failure.WRONG_ANSWER
+    expected = {
+        S.TRUNCATED_STEPS: Failure.NO_ANSWER,
+        S.TRUNCATED_TOKENS: Failure.TRUNCATED,
+        S.INVALID_ACTION: Failure.MALFORMED_CALL,
+        S.TOOL_ERROR: Failure.TOOL_ERROR,
+        S.TIMEOUT: Failure.TIMEOUT,
+        S.ENV_ERROR: Failure.ENV_ERROR,
+        S.CANCELLED: Failure.CANCELLED,
+    }
+    assert set(expected) == set(S) - {S.COMPLETED}  # every other status has its reason
+    for status, reason in expected.items():
+        assert failure_of(_ended(status)) == reason
+
+
+TOK = ByteTokenizer()
+FMT = ChatFormat("chatml", TOK)
+END = FMT.end_of_turn
+
+
+def _answer(text):
+    return [*TOK.encode(text), END], FinishReason.STOP
+
+
+def _call(expression):
+    call = ToolCall(name="calculator", arguments_json=json.dumps({"expression": expression}))
+    return [*FMT.tool_call_tokens(call), END], FinishReason.STOP
+
+
+# What the scripted model does on each task, greedy (T = 0) and on sample k (T > 0); the answer
+# of every task is 4164. Greedy: 1 solved of 7. Sampled, 3 per task: c0 3/3, l2 1/3, others 0/3.
+BEHAVIOUR = {
+    "calculator/0": lambda greedy, k: _answer("4164"),  # solved
+    "calculator/1": lambda greedy, k: _answer("12"),  # wrong_answer
+    "calculator/2": lambda greedy, k: _answer("4164 (from the tools)"),  # malformed_answer
+    "calculator/3": lambda greedy, k: _call("1+1"),  # tools until the step limit: no_answer
+    "lookup/0": lambda greedy, k: _answer("9" * 300),  # past max_response_tokens: truncated
+    "lookup/1": lambda greedy, k: ([FMT.call_open, *TOK.encode("{bad"), END], FinishReason.STOP),
+    "lookup/2": lambda greedy, k: _answer("4164" if not greedy and k == 0 else "7"),
+}
+
+
+def _script(request):
+    _, family, index, k = request.session.split("/")
+    return BEHAVIOUR[f"{family}/{index}"](request.params.temperature == 0, int(k))
+
+
+def _scripted_evaluation(samples=3) -> tuple[list[Task], EvalSummary]:
+    tasks = [
+        Task(id=name, family=name.split("/")[0], prompt="347*12=?", answer="4164")
+        for name in BEHAVIOUR
+    ]
+    env = EnvConfig(malformed_tool_call="terminate")
+    summary = asyncio.run(
+        evaluate_heldout(
+            ScriptedEngine(_script),
+            tasks,
+            make_env=lambda t: build_environment(t, env),
+            make_agent=lambda: ToolAgent(FMT),
+            limits=EpisodeLimits(max_steps=2, max_response_tokens=160),
+            sampling=SamplingParams(max_tokens=400, temperature=1.0, stop_tokens=(END,)),
+            samples=samples,
+            confidence=0.95,
+        )
+    )
+    return tasks, summary
+
+
+def _counts(failures):
+    return {str(reason): n for reason, n in failures if n}
+
+
+def test_scripted_evaluation_counts_every_failure_and_its_rates_by_hand():
+    _, s = _scripted_evaluation()
+    assert (s.samples, s.temperature, s.episodes) == (3, 1.0, 7)
+    assert _counts(s.overall.greedy_failures) == {
+        "wrong_answer": 2,  # calculator/1, lookup/2
+        "malformed_answer": 1,
+        "no_answer": 1,
+        "truncated": 1,
+        "malformed_call": 1,
+    }
+    assert _counts(s.overall.sampled_failures) == {
+        "wrong_answer": 3 + 2,
+        "malformed_answer": 3,
+        "no_answer": 3,
+        "truncated": 3,
+        "malformed_call": 3,
+    }
+    # Greedy 1/7: Wilson [0.0257, 0.5131]. Sampled pass@1: mean of c/3 = (1 + 1/3)/7 = 4/21, Wilson
+    # over the 7 tasks [0.0420, 0.5583]. pass@3: (1 + 1)/7 (a task with c > 0 of n = k = 3 passes),
+    # [0.0822, 0.6411].
+    o = s.overall
+    assert (o.greedy.value, o.greedy.n) == (1 / 7, 7)
+    assert (o.greedy.low, o.greedy.high) == pytest.approx((0.0257, 0.5131), abs=HAND)
+    assert (o.sampled.value, o.sampled.n) == (pytest.approx(4 / 21), 7)
+    assert (o.sampled.low, o.sampled.high) == pytest.approx((0.0420, 0.5583), abs=HAND)
+    assert o.pass_k.value == pytest.approx(2 / 7)
+    assert (o.pass_k.low, o.pass_k.high) == pytest.approx((0.0822, 0.6411), abs=HAND)
+    calc, look = s.families
+    assert (calc.family, calc.tasks, look.family, look.tasks) == ("calculator", 4, "lookup", 3)
+    assert (calc.greedy.value, calc.sampled.value, calc.pass_k.value) == (0.25, 0.25, 0.25)
+    assert (look.greedy.value, look.pass_k.value) == (0.0, pytest.approx(1 / 3))
+    assert look.sampled.value == pytest.approx(1 / 9)
+    assert _counts(look.greedy_failures) == {"wrong_answer": 1, "truncated": 1, "malformed_call": 1}
+    assert s.solve_rate == 1 / 7 and s.by_family == (("calculator", 0.25), ("lookup", 0.0))
+    statuses = {str(k): n for k, n in s.statuses}
+    assert statuses == {
+        "completed": 4,
+        "truncated_steps": 1,
+        "truncated_tokens": 1,
+        "invalid_action": 1,
+    }
+
+
+def test_the_evaluation_record_round_trips_and_its_row_feeds_the_curve(tmp_path):
+    tasks, s = _scripted_evaluation()
+    data = json.loads(json.dumps(records.encode(s)))
+    assert records.decode(EvalSummary, data) == s
+    greedy_only = summarize(tasks, [[t] for t in [_ended(TrajectoryStatus.COMPLETED)] * 7])
+    assert greedy_only.overall.sampled is None and greedy_only.samples == 0
+    assert records.decode(EvalSummary, records.encode(greedy_only)) == greedy_only
+    row = s.row()
+    assert row["failed/wrong_answer"] == 2 and row["failed_sampled/wrong_answer"] == 5
+    assert (row["pass@k/lookup"], row["pass@k_low/lookup"]) == (
+        s.families[1].pass_k.value,
+        s.families[1].pass_k.low,
+    )
+    tracker = JsonlTracker(tmp_path / "metrics.jsonl")
+    tracker.log(0, {"solve_rate": 0.25, "episodes": 8.0}, kind="eval")  # a row without intervals
+    tracker.log(10, row, kind="eval")
+    tracker.close()
+    rows = read_jsonl(tmp_path / "metrics.jsonl", kind="eval")
+    _, lows, highs = interval_series(rows, "solve_rate")
+    old = wilson(2, 8, 0.95)  # the interval of an old row comes from its episodes
+    assert lows == pytest.approx([100 * old.low, 100 * s.overall.greedy.low])
+    assert highs == pytest.approx([100 * old.high, 100 * s.overall.greedy.high])
+    _, lows, highs = interval_series(rows[1:], "pass@k")
+    assert (lows, highs) == ([100 * s.overall.pass_k.low], [100 * s.overall.pass_k.high])
+    assert learning_curve(tmp_path / "metrics.jsonl", tmp_path / "curve.png").stat().st_size > 0
+
+
+def test_gate_metrics_carry_families_and_failure_rates():
+    greedy = [[_ended(TrajectoryStatus.COMPLETED, 1.0)], [_ended(TrajectoryStatus.TIMEOUT)]]
+    sampled = [
+        [_ended(TrajectoryStatus.COMPLETED, 1.0)] * 2,
+        [_ended(TrajectoryStatus.TIMEOUT)] * 2,
+    ]
+    two = [
+        Task(id="a", family="calculator", prompt="", answer="1"),
+        Task(id="b", family="lookup", prompt="", answer="1"),
+    ]
+    m = quality_metrics(greedy, sampled, 0.95, tasks=two)
+    assert m["solve_rate"] == wilson(1, 2, 0.95)
+    assert m["solve_rate/calculator"] == wilson(1, 1, 0.95)
+    assert m["pass@k/lookup"] == wilson(0, 1, 0.95)
+    assert m["failed/timeout"] == wilson(1, 2, 0.95) and m["failed/wrong_answer"].value == 0
+    assert "solve_rate/calculator" not in quality_metrics(greedy, sampled, 0.95)
 
 
 def rates(solve, n=400, **others):

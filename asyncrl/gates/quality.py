@@ -1,9 +1,12 @@
 """Quality metrics with confidence intervals, and the gate decision (pure functions).
 
 `quality_metrics` reduces held-out episodes (greedy: one per task; sampled: k per task) to named
-`Estimate`s, each with a confidence interval: rates use Wilson score intervals over episodes,
-pass@k is the unbiased estimator (Chen et al. 2021) averaged over tasks with a normal interval over
-tasks, means use a normal interval.
+`Estimate`s, each with a confidence interval (metrics/intervals.py): the greedy solve rate with the
+Wilson interval over tasks; pass@1 at the gate's temperature and the unbiased pass@k (Chen et al.
+2021), per-task means with the (conservative) Wilson interval over tasks; other rates Wilson over
+episodes; means a normal interval. Given the tasks, the same three rates per family
+(`solve_rate/<family>`, ...). The reasons the greedy episodes failed (gates/failures.py) come as
+rates `failed/<reason>` (informational, never gated).
 
 `decide(candidate, champion, cfg)` lists every check with its value, bound and verdict:
 - absolute: the greedy solve rate must reach `min_solve_rate` (a hard bar on the estimate);
@@ -21,12 +24,17 @@ import collections
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from statistics import NormalDist
 
 from asyncrl.config.ops import GateConfig
-from asyncrl.types import Trajectory, TrajectoryStatus
+from asyncrl.gates.evaluation import ALL, summarize
+from asyncrl.gates.failures import breakdown
+from asyncrl.metrics.intervals import Estimate, mean_interval, pass_at_k, wilson, z_of
+from asyncrl.types import Task, Trajectory, TrajectoryStatus
 
-# Metrics and which way is better (+1 higher, -1 lower, 0 informational: never gated).
+__all__ = ["Check", "Estimate", "GateReport", "decide", "pass_at_k", "quality_metrics", "wilson"]
+
+# Metrics and which way is better (+1 higher, -1 lower, 0 informational: never gated). Metrics
+# not listed (per family, failure reasons) are informational too.
 DIRECTION: dict[str, int] = {
     "solve_rate": +1,
     "pass@1_sampled": +1,
@@ -40,52 +48,6 @@ DIRECTION: dict[str, int] = {
     "mean_tokens": 0,
 }
 TRUNCATED = {TrajectoryStatus.TRUNCATED_TOKENS, TrajectoryStatus.TRUNCATED_STEPS}
-
-
-@dataclass(frozen=True, slots=True)
-class Estimate:
-    value: float
-    low: float
-    high: float
-    n: int
-
-    def to_json(self) -> dict[str, float]:
-        return {"value": self.value, "low": self.low, "high": self.high, "n": self.n}
-
-    @classmethod
-    def from_json(cls, d: Mapping[str, float]) -> Estimate:
-        return cls(float(d["value"]), float(d["low"]), float(d["high"]), int(d["n"]))
-
-
-def _z(confidence: float) -> float:
-    return NormalDist().inv_cdf(0.5 + confidence / 2)
-
-
-def wilson(successes: int, n: int, confidence: float) -> Estimate:
-    if n == 0:
-        return Estimate(0.0, 0.0, 1.0, 0)
-    z, p = _z(confidence), successes / n
-    denom = 1 + z * z / n
-    centre = (p + z * z / (2 * n)) / denom
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
-    return Estimate(p, max(0.0, centre - half), min(1.0, centre + half), n)
-
-
-def mean_interval(values: Sequence[float], confidence: float) -> Estimate:
-    n = len(values)
-    if n == 0:
-        return Estimate(0.0, 0.0, 0.0, 0)
-    mean = sum(values) / n
-    var = sum((v - mean) ** 2 for v in values) / max(n - 1, 1)
-    half = _z(confidence) * math.sqrt(var / n)
-    return Estimate(mean, mean - half, mean + half, n)
-
-
-def pass_at_k(n: int, c: int, k: int) -> float:
-    """P(at least one of k samples drawn from n, of which c are correct, is correct)."""
-    if n - c < k:
-        return 1.0
-    return 1.0 - math.prod(1.0 - k / i for i in range(n - c + 1, n + 1))
 
 
 def _rate(flags: Sequence[bool], confidence: float) -> Estimate:
@@ -103,17 +65,21 @@ def quality_metrics(
     greedy: Sequence[Sequence[Trajectory]],
     sampled: Sequence[Sequence[Trajectory]],
     confidence: float,
+    tasks: Sequence[Task] | None = None,
 ) -> dict[str, Estimate]:
-    """Named estimates from per-task greedy and sampled episodes (same task order)."""
+    """Named estimates from per-task greedy and sampled episodes (same task order); per family
+    too when `tasks` are given."""
     g = [t for per in greedy for t in per]
     s = [t for per in sampled for t in per]
     both = g + s
-    k = max((len(per) for per in sampled), default=1)
-    per_task = [pass_at_k(len(per), sum(t.reward >= 1 for t in per), k) for per in sampled]
+    anonymous = [Task(id=str(i), family=ALL, prompt="", answer="") for i in range(len(greedy))]
+    summary = summarize(
+        anonymous if tasks is None else tasks, greedy, sampled, confidence=confidence
+    )
+    rates = summary.estimates()
+    failed = {f"failed/{r}": wilson(n, len(g), confidence) for r, n in breakdown(g)}
     return {
-        "solve_rate": _rate([t.reward >= 1 for t in g], confidence),
-        "pass@1_sampled": _rate([t.reward >= 1 for t in s], confidence),
-        "pass@k": mean_interval(per_task, confidence),
+        **{k: v for k, v in rates.items() if "/" not in k},
         "mean_reward": mean_interval([t.reward for t in g], confidence),
         "format_error_rate": _rate([_format_error(t) for t in both], confidence),
         "truncation_rate": _rate([t.status in TRUNCATED for t in both], confidence),
@@ -123,6 +89,8 @@ def quality_metrics(
         ),
         "mean_turns": mean_interval([float(t.turns) for t in g], confidence),
         "mean_tokens": mean_interval([float(sum(t.loss_mask)) for t in g], confidence),
+        **{k: v for k, v in rates.items() if "/" in k and tasks is not None},
+        **failed,
     }
 
 
@@ -183,7 +151,7 @@ def decide(
                 ),
             )
         )
-    z = _z(cfg.confidence)
+    z = z_of(cfg.confidence)
     for name, direction in DIRECTION.items():
         if direction == 0 or name not in candidate:
             continue

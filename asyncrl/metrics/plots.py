@@ -9,29 +9,67 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
+from asyncrl.metrics.intervals import wilson
 from asyncrl.metrics.tracker import read_jsonl
+
+# Rates drawn on the learning curve: (row key, label); greedy is always there. {t}: the sampling
+# temperature, {k}: samples per task, as the evaluation rows record them.
+CURVES = (
+    ("solve_rate", "greedy (pass@1, T=0)"),
+    ("pass@1_sampled", "pass@1, T={t:g}"),
+    ("pass@k", "pass@{k}, T={t:g}"),
+)
+
+
+def interval_series(rows: list[dict], key: str) -> tuple[list[float], list[float], list[float]]:
+    """A rate in % per row with its interval: the row's own `<key>_low`/`<key>_high`, else (an
+    evaluation logged before rows carried intervals) the 95% Wilson interval of the solve rate
+    over the row's `episodes`."""
+    values, lows, highs = [], [], []
+    for r in rows:
+        value = float(r[key])
+        if f"{key}_low" in r:
+            low, high = float(r[f"{key}_low"]), float(r[f"{key}_high"])
+        else:
+            n = int(r.get("episodes", 0))
+            e = wilson(round(value * n), n, 0.95)
+            low, high = e.low, e.high
+        values.append(100 * value)
+        lows.append(100 * low)
+        highs.append(100 * high)
+    return values, lows, highs
 
 
 def learning_curve(metrics: Path, out: Path) -> Path:
-    """Held-out solve rate against optimizer step and against wall time, side by side."""
+    """Held-out rates against optimizer step and against wall time, side by side, each with its
+    confidence interval: error bars on the greedy solve rate, bands on the sampled rates."""
     evals = read_jsonl(metrics, kind="eval")
-    steps = [r["step"] for r in evals]
-    minutes = [r["elapsed_s"] / 60 for r in evals]
-    rates = [100 * r["solve_rate"] for r in evals]
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
-    a.plot(steps, rates, marker="o")
+    for (key, label), colour in zip(CURVES, ("tab:blue", "tab:green", "tab:red"), strict=True):
+        rows = [r for r in evals if r.get(key) is not None]
+        if not rows:
+            continue
+        values, lows, highs = interval_series(rows, key)
+        label = label.format(t=rows[-1].get("temperature", 1.0), k=int(rows[-1].get("samples", 0)))
+        for ax, x in ((a, [r["step"] for r in rows]), (b, [r["elapsed_s"] / 60 for r in rows])):
+            style = dict(color=colour, label=label if ax is a else None)
+            if key == "solve_rate":
+                below = [v - lo for v, lo in zip(values, lows, strict=True)]
+                above = [hi - v for v, hi in zip(values, highs, strict=True)]
+                ax.errorbar(x, values, yerr=[below, above], marker="o", capsize=3, **style)
+            else:
+                ax.plot(x, values, marker=".", **style)
+                ax.fill_between(x, lows, highs, color=colour, alpha=0.2)
     a.set_xlabel("optimizer step")
-    a.set_ylabel("held-out solve rate (%)")
-    b.plot(minutes, rates, marker="o", color="tab:orange")
+    a.set_ylabel("held-out rate (%)")
     b.set_xlabel("wall time (min)")
     for ax in (a, b):
         ax.grid(alpha=0.3)
-    fig.suptitle("Held-out solve rate during RL (greedy)")
-    fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
-    return out
+    a.legend(fontsize=8)
+    tasks = int(evals[-1].get("tasks", evals[-1].get("episodes", 0))) if evals else 0
+    level = float(evals[-1].get("confidence", 0.95)) if evals else 0.95
+    fig.suptitle(f"Held-out rates during RL ({tasks} tasks; {100 * level:.0f}% intervals)")
+    return _save(fig, out)
 
 
 def _save(fig, out: Path) -> Path:
