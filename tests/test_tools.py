@@ -1,8 +1,12 @@
 """Tools: schemas from signatures, validated calls, parallel turns, deadlines, output caps."""
 
+import ast
 import asyncio
 import contextlib
 import json
+import operator
+import random
+from fractions import Fraction
 from typing import Literal
 
 import pytest
@@ -193,6 +197,56 @@ def test_calculator_is_exact(expression, value):
 def test_calculator_refuses_anything_but_bounded_arithmetic(expression):
     with pytest.raises(CalculatorError):
         evaluate(expression)
+
+
+def _random_expression(rng, depth=0):
+    if depth > 2 or rng.random() < 0.3:
+        return rng.choice(["0", "1", "2", "3", "7", "12", "0.5", "2.25", "10"])
+    op = rng.choice(["+", "-", "*", "/", "//", "%", "**"])
+    right = rng.choice(["-2", "-1", "0", "1", "2", "3"]) if op == "**" else None
+    left = _random_expression(rng, depth + 1)
+    return f"({left} {op} {right or _random_expression(rng, depth + 1)})"
+
+
+_REFERENCE_OPS = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.FloorDiv: operator.floordiv,
+    ast.Mod: operator.mod,
+    ast.Pow: operator.pow,
+}
+
+
+def _reference_value(expression):
+    """Every value a Fraction, at every step (the calculator's arithmetic, written plainly)."""
+
+    def value(node):
+        if isinstance(node, ast.Constant):
+            return Fraction(str(node.value))
+        if isinstance(node, ast.UnaryOp):
+            return -value(node.operand)
+        return Fraction(_REFERENCE_OPS[type(node.op)](value(node.left), value(node.right)))
+
+    v = value(ast.parse(expression, mode="eval").body)
+    return str(v.numerator) if v.denominator == 1 else f"{float(v):.10f}".rstrip("0")
+
+
+def test_calculator_agrees_with_exact_fractions_on_random_expressions():
+    rng = random.Random(0)
+    checked = 0
+    for _ in range(2000):
+        expression = _random_expression(rng)
+        try:
+            expected = _reference_value(expression)
+        except ZeroDivisionError:
+            with pytest.raises(CalculatorError, match="division by zero"):
+                evaluate(expression)
+            continue
+        assert evaluate(expression) == expected.rstrip("."), expression
+        checked += 1
+    assert checked > 1000
 
 
 # -- hard deadlines (tools/deadlines.within) run in the caller's task ---------------------------

@@ -20,7 +20,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields
 
 from asyncrl import tracing
 from asyncrl.agents import Agent
@@ -90,6 +90,12 @@ class Episode:
         self.close_error = ""  # why close() failed or was dropped; the status is unaffected
         self._lane = 0
         self._open_slices = 0  # slices open on the lane below the episode slice
+        # The spec's sampling fields but the two each turn sets (cheaper than `replace` per turn).
+        self._sampling = {
+            f.name: getattr(spec.sampling, f.name)
+            for f in fields(spec.sampling)
+            if f.name not in ("max_tokens", "seed")
+        }
 
     async def run(self) -> Trajectory:
         """Run to the end; raises only CancelledError (after closing the environment)."""
@@ -140,8 +146,9 @@ class Episode:
 
     async def _loop(self) -> TrajectoryStatus:
         t0 = time.monotonic()
-        async with self._slice("environment reset"):
-            messages = await self.env.reset(self.spec.task)
+        self._begin("environment reset")
+        messages = await self.env.reset(self.spec.task)
+        self._end()
         self.times["env_s"] += time.monotonic() - t0
         self.agent.start(messages)
         self.prompt_length = len(self.agent.conversation.tokens)
@@ -155,19 +162,17 @@ class Episode:
             )
             if room <= 0:
                 return TrajectoryStatus.TRUNCATED_TOKENS
+            seed = _turn_seed(self.spec.sampling.seed, self.turns)
             request = GenerateRequest(
                 prompt=prompt,
-                params=replace(
-                    self.spec.sampling,
-                    max_tokens=room,
-                    seed=_turn_seed(self.spec.sampling.seed, self.turns),
-                ),
+                params=SamplingParams(**self._sampling, max_tokens=room, seed=seed),
                 session=self.spec.episode_id,
             )
             self._begin("turn", {"turn": self.turns})
             t0 = time.monotonic()
-            async with self._slice("model call"):
-                completion = await self.engine.generate(request)
+            self._begin("model call")
+            completion = await self.engine.generate(request)
+            self._end()
             self.times["model_s"] += time.monotonic() - t0
             self.turns += 1
             action = self.agent.record(completion)
@@ -176,9 +181,9 @@ class Episode:
             if completion.finish_reason in (FinishReason.LENGTH, FinishReason.CONTEXT):
                 return TrajectoryStatus.TRUNCATED_TOKENS
             t0 = time.monotonic()
-            kind = "tool call" if action.tool_calls else "environment step"
-            async with self._slice(kind):
-                result = await self.env.step(action)
+            self._begin("tool call" if action.tool_calls else "environment step")
+            result = await self.env.step(action)
+            self._end()
             self.times["env_s"] += time.monotonic() - t0
             self._end()
             if result.done:
@@ -190,20 +195,15 @@ class Episode:
         return TrajectoryStatus.TRUNCATED_STEPS
 
     def _begin(self, name: str, args=None) -> None:
+        """Open a nested slice on the episode's lane. An await between `_begin` and `_end` that is
+        interrupted leaves it open; the episode's end closes it (`_end_trace`), so begin/end stay
+        balanced on every path."""
         tracing.get().begin(self._lane, name, args)
         self._open_slices += 1
 
     def _end(self) -> None:
         tracing.get().end(self._lane)
         self._open_slices -= 1
-
-    @contextlib.asynccontextmanager
-    async def _slice(self, name: str):
-        """A nested slice on the episode's lane; left open if the block is interrupted (the
-        episode's end closes it, so begin/end stay balanced on every path)."""
-        self._begin(name)
-        yield
-        self._end()
 
     def _stand_in_prompt(self) -> None:
         """The environment never opened the episode (its reset or factory failed): record the

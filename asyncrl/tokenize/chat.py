@@ -43,10 +43,16 @@ class ChatFormat:
             self.end_of_turn = sp("<|eot_id|>")
             self.call_open = self.call_close = -1
         self.stop_tokens: tuple[int, ...] = (self.end_of_turn,)
+        # Fixed pieces, rendered once: every turn of every episode uses them.
+        self._headers = {role: self._header(role) for role in Role}
+        self._after_turn = tuple(self.tok.encode("\n")) if name == "chatml" else ()
 
     # -- rendering pieces -------------------------------------------------------------------------
     def header(self, role: Role) -> tuple[int, ...]:
         """Tokens that open a turn of `role` (not model-produced)."""
+        return self._headers[role]
+
+    def _header(self, role: Role) -> tuple[int, ...]:
         if self.name == "chatml":
             shown = "user" if role == Role.TOOL else role.value
             return (self.tok.special_id("<|im_start|>"), *self.tok.encode(f"{shown}\n"))
@@ -60,7 +66,7 @@ class ChatFormat:
 
     def after_turn(self) -> tuple[int, ...]:
         """Tokens the template puts after an end-of-turn token (not model-produced)."""
-        return tuple(self.tok.encode("\n")) if self.name == "chatml" else ()
+        return self._after_turn
 
     def start(self) -> tuple[int, ...]:
         """Tokens that open a conversation."""

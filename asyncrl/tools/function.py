@@ -33,6 +33,7 @@ class FunctionTool:
         self._fn = fn
         self._name = name or fn.__name__
         self._pool = pool
+        self._is_async = inspect.iscoroutinefunction(fn)
         self._description, self._schema = function_schema(fn)
 
     @property
@@ -48,7 +49,7 @@ class FunctionTool:
         return self._schema
 
     async def __call__(self, **arguments: object) -> str:
-        if inspect.iscoroutinefunction(self._fn):
+        if self._is_async:
             result = await self._fn(**arguments)
         else:
             pool = self._pool or threads.shared(DEFAULT_WORKERS)
