@@ -135,6 +135,20 @@ def _cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_compare(args: argparse.Namespace) -> int:
+    """Runs side by side: config differences, held-out rates with intervals, gate checks, speed."""
+    from pathlib import Path
+
+    from asyncrl.compare import compare
+
+    plot = Path(args.plot) if args.plot else None
+    table, _ = compare(args.runs, plot)
+    print(table)
+    if plot is not None:
+        print(f"\nlearning curves: {plot}")
+    return 0
+
+
 def _cmd_gate(args: argparse.Namespace) -> int:
     """Gate a run's model: exit 0 when it passes, 1 with the failed checks when it does not."""
     from pathlib import Path
@@ -293,6 +307,13 @@ def build_parser() -> argparse.ArgumentParser:
         "overrides", nargs="*", help="dotted overrides such as gate.min_solve_rate=0.3"
     )
     gate.set_defaults(func=_cmd_gate)
+
+    cmp_ = sub.add_parser("compare", help="compare runs side by side (run folders or gs:// URIs)")
+    cmp_.add_argument("runs", nargs="+", help="run folders or gs:// run URIs")
+    cmp_.add_argument(
+        "--plot", default="compare-curves.png", help="overlay of the learning curves ('' = none)"
+    )
+    cmp_.set_defaults(func=_cmd_compare)
 
     pipe = sub.add_parser("pipeline", help="compile, submit, schedule or wait for the KFP pipeline")
     pipe_sub = pipe.add_subparsers(dest="pipeline_command", required=True)

@@ -25,7 +25,7 @@ LAYERS = (
     ("learner",),
     ("checkpoint", "gates"),
     ("wiring",),
-    ("stages",),
+    ("stages", "compare"),
     ("cloud",),
     ("pipeline",),
     ("cli",),
