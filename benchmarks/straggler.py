@@ -19,6 +19,10 @@ itself and the garbage collector; it excludes other threads (sync tools' pool; n
 time the process waits for a CPU, so it stays meaningful on a loaded machine, though cache
 contention from other processes still inflates it.
 
+The garbage collector is set as a training process sets it after start-up
+(`rollout/gc_tuning.tune_for_rollout`: heap frozen, generation-0 threshold raised); `--default-gc`
+keeps CPython's defaults instead.
+
 Targets (issue 15), on both workloads in one run: the orchestrator ≥ 90% of the bound and ≥ 3× the
 synchronous batch, with ≤ 1.5 ms of event-loop CPU per episode ("targets" column).
 
@@ -39,6 +43,7 @@ from asyncrl.envs.latency import DelayedTool, LatencySpec
 from asyncrl.envs.tasks import task_stream
 from asyncrl.envs.tool_env import ToolEnvironment
 from asyncrl.rollout.episode import Episode, EpisodeLimits, EpisodeSpec
+from asyncrl.rollout.gc_tuning import tune_for_rollout
 from asyncrl.rollout.groups import GroupQueue
 from asyncrl.rollout.orchestrator import (
     Orchestrator,
@@ -263,7 +268,10 @@ def main() -> None:
     parser.add_argument("--model-ms", type=float, default=20.0)
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--default-gc", action="store_true", help="CPython's GC settings")
     args = parser.parse_args()
+    if not args.default_gc:
+        tune_for_rollout()
     workloads = {
         "lognormal": LatencySpec(kind="lognormal", p50_s=0.05, p99_s=1.0),
         "5s stragglers": LatencySpec(

@@ -3,6 +3,8 @@
 import asyncio
 import json
 import random
+import subprocess
+import sys
 from dataclasses import replace
 
 import numpy as np
@@ -418,3 +420,16 @@ def test_real_engine_episodes_record_the_engines_logprobs():
             np.testing.assert_allclose(
                 got, ref[np.asarray(idx) - 1, np.asarray(traj.tokens)[idx]], atol=LOGPROB_TOL
             )
+
+
+def test_tune_for_rollout_freezes_the_heap_and_raises_the_gen0_threshold():
+    script = (
+        "import gc; from asyncrl.rollout.gc_tuning import GEN0_THRESHOLD, tune_for_rollout\n"
+        "before = gc.get_threshold()\n"
+        "tune_for_rollout()\n"
+        "after = gc.get_threshold()\n"
+        "print(after[0] == GEN0_THRESHOLD, after[1:] == before[1:], gc.get_freeze_count() > 1000)"
+    )
+    command = [sys.executable, "-c", script]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    assert (done.returncode, done.stdout.split()) == (0, ["True", "True", "True"])

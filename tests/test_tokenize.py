@@ -1,5 +1,6 @@
 """Tokenizers round-trip; chat rendering's model-produced mask is exact; tool calls parse."""
 
+import json
 import random
 
 import pytest
@@ -218,3 +219,54 @@ def test_call_limits_agree_with_the_plain_reference():
             assert kinds[expected] in problem, text
         seen.add(expected)
     assert seen == {None, "depth", "number"}  # the grid reaches each outcome
+
+
+def _reference_parse(fmt, tokens):
+    """Token by token, as plainly as it can be written: (content, call texts, error or None)."""
+    body = [t for t in tokens if t not in fmt.stop_tokens]
+    text, calls, i = [], [], 0  # text: the tokens outside calls, each run decoded on its own
+
+    def content():
+        return "".join(fmt.tok.decode(run) for run in text).strip()
+
+    while i < len(body):
+        if body[i] == fmt.call_close:
+            return content(), calls, "without"
+        if body[i] != fmt.call_open:
+            if i == 0 or body[i - 1] in (fmt.call_open, fmt.call_close):
+                text.append([])
+            text[-1].append(body[i])
+            i += 1
+            continue
+        if fmt.call_close not in body[i + 1 :]:
+            return content(), calls, "never closed"
+        end = body.index(fmt.call_close, i + 1)
+        call = fmt.tok.decode(body[i + 1 : end]).strip()
+        try:
+            json.loads(call)
+        except ValueError:
+            return content(), calls, "tool call is not valid JSON"
+        calls.append(call)
+        i = end + 1
+    return content(), calls, None
+
+
+def test_parse_turn_agrees_with_a_token_by_token_reference():
+    tok = ByteTokenizer()
+    fmt = ChatFormat("chatml", tok)
+    call = [fmt.call_open, *tok.encode('{"name": "f", "arguments": {"x": 1}}'), fmt.call_close]
+    pieces = [tok.encode(" some text "), tok.encode("é"), call, [fmt.call_open], [fmt.call_close],
+              [fmt.end_of_turn]]  # fmt: skip
+    rng = random.Random(0)
+    outcomes = set()
+    for _ in range(500):
+        tokens = [t for _ in range(rng.randint(0, 6)) for t in rng.choice(pieces)]
+        content, texts, error = _reference_parse(fmt, tokens)
+        parsed = parse_turn(fmt, tokens)
+        assert parsed.content == content, tokens
+        if error is None:
+            assert parsed.error is None and len(parsed.tool_calls) == len(texts), tokens
+        else:
+            assert error in parsed.error, tokens
+        outcomes.add(error)
+    assert outcomes == {None, "without", "never closed", "tool call is not valid JSON"}

@@ -88,6 +88,7 @@ class Episode:
         self._closed = False
         self.error = ""  # why the environment failed (env_error), one line
         self.close_error = ""  # why close() failed or was dropped; the status is unaffected
+        self._tracer: tracing.Tracer = tracing.get()
         self._lane = 0
         self._open_slices = 0  # slices open on the lane below the episode slice
         # The spec's sampling fields but the two each turn sets (cheaper than `replace` per turn).
@@ -100,7 +101,8 @@ class Episode:
     async def run(self) -> Trajectory:
         """Run to the end; raises only CancelledError (after closing the environment)."""
         enter_episode(EpisodeContext(self.spec.episode_id, self.spec.replay))
-        tracer = tracing.get()
+        # One tracer for the whole episode: its lane belongs to the tracer it came from.
+        self._tracer = tracer = tracing.get()
         self._lane = lane = tracer.acquire_lane()
         tracer.begin(
             lane,
@@ -135,7 +137,7 @@ class Episode:
 
     def _end_trace(self, status: TrajectoryStatus) -> None:
         """Close the open turn slices and the episode slice; its flow goes on to the group."""
-        tracer = tracing.get()
+        tracer = self._tracer
         for _ in range(self._open_slices):
             tracer.end(self._lane)
         self._open_slices = 0
@@ -198,11 +200,11 @@ class Episode:
         """Open a nested slice on the episode's lane. An await between `_begin` and `_end` that is
         interrupted leaves it open; the episode's end closes it (`_end_trace`), so begin/end stay
         balanced on every path."""
-        tracing.get().begin(self._lane, name, args)
+        self._tracer.begin(self._lane, name, args)
         self._open_slices += 1
 
     def _end(self) -> None:
-        tracing.get().end(self._lane)
+        self._tracer.end(self._lane)
         self._open_slices -= 1
 
     def _stand_in_prompt(self) -> None:

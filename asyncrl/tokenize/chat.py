@@ -12,6 +12,7 @@ tool calls as {"name", "parameters"} JSON, results under the `ipython` role).
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -138,7 +139,12 @@ class Conversation:
 
     def add(self, message: Message) -> None:
         """Append a whole rendered message (an assistant message counts as model-produced)."""
-        for seg in self.fmt.segments(message):
+        segments = self.fmt.segments(message)
+        if not any(seg.produced for seg in segments):  # one mask run: one append
+            tokens = tuple(itertools.chain.from_iterable(seg.tokens for seg in segments))
+            self.append_tokens(tokens, produced=False)
+            return
+        for seg in segments:
             self.append_tokens(seg.tokens, produced=seg.produced)
 
     def begin_assistant(self) -> None:
@@ -157,9 +163,10 @@ class Conversation:
         appended as a non-produced token so the next turn starts from a well-formed sequence.
         """
         self.append_tokens(tokens, produced=True, logprobs=logprobs, versions=versions)
+        tail = self.fmt.after_turn()
         if not tokens or tokens[-1] not in self.fmt.stop_tokens:
-            self.append_tokens((self.fmt.end_of_turn,), produced=False)
-        self.append_tokens(self.fmt.after_turn(), produced=False)
+            tail = (self.fmt.end_of_turn, *tail)
+        self.append_tokens(tail, produced=False)
 
 
 def render(fmt: ChatFormat, messages: Iterable[Message], *, generation_prompt: bool = False):

@@ -45,22 +45,20 @@ def _call_from_json(text: str, args_key: str) -> ToolCall | str:
 
 def parse_turn(fmt: ChatFormat, tokens: Sequence[int]) -> ParsedTurn:
     """Split a sampled turn into text and tool calls (end-of-turn tokens are ignored)."""
-    body = [t for t in tokens if t not in fmt.stop_tokens]
+    body = _without_stops(fmt, tokens)
     if fmt.name == "llama3":
         return _parse_llama3(fmt.tok.decode(body))
     content: list[str] = []
     calls: list[ToolCall] = []
     i = 0
     while i < len(body):
-        if body[i] == fmt.call_close:
-            return ParsedTurn(content=_join(content), error="</tool_call> without <tool_call>")
-        if body[i] != fmt.call_open:
-            j = i
-            while j < len(body) and body[j] not in (fmt.call_open, fmt.call_close):
-                j += 1
+        j = _next_tag(fmt, body, i)
+        if j > i:  # text up to the next tag (or the end)
             content.append(fmt.tok.decode(body[i:j]))
             i = j
             continue
+        if body[i] == fmt.call_close:
+            return ParsedTurn(content=_join(content), error="</tool_call> without <tool_call>")
         try:
             end = body.index(fmt.call_close, i + 1)
         except ValueError:
@@ -71,6 +69,28 @@ def parse_turn(fmt: ChatFormat, tokens: Sequence[int]) -> ParsedTurn:
         calls.append(call)
         i = end + 1
     return ParsedTurn(content=_join(content), tool_calls=tuple(calls))
+
+
+def _without_stops(fmt: ChatFormat, tokens: Sequence[int]) -> list[int]:
+    """The turn without its end-of-turn tokens (usually one, last): searched in C, not per token."""
+    body = list(tokens)
+    stops = fmt.stop_tokens
+    while body and body[-1] in stops:
+        body.pop()
+    if any(s in body for s in stops):
+        body = [t for t in body if t not in stops]
+    return body
+
+
+def _next_tag(fmt: ChatFormat, body: list[int], start: int) -> int:
+    """Index of the first call tag (open or close) at or after `start`, else len(body)."""
+    end = len(body)
+    for tag in (fmt.call_open, fmt.call_close):
+        try:
+            end = body.index(tag, start, end)
+        except ValueError:  # none before `end`
+            continue
+    return end
 
 
 def _join(parts: list[str]) -> str:

@@ -148,6 +148,12 @@ def _close(coro: Coroutine[Any, Any, Any]) -> None:
 def _leave(driven: _Driven) -> None:
     """Settle this call and any nested one left behind (a dropped coroutine's)."""
     stack = _ACTIVE.get(driven.task)
+    if stack and stack[-1] is driven and not driven.cancels and driven.grace is None:
+        stack.pop()  # the usual way out: innermost, no timer or cancellation of its own left
+        if not stack:
+            del _ACTIVE[driven.task]
+        driven.active = False
+        return
     if stack is not None and driven in stack:
         at = stack.index(driven)
         for d in stack[at:]:
