@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -307,3 +308,197 @@ def test_a_cancelled_launcher_deletes_its_jobset_and_the_pods_stop(cluster, tmp_
             GROUP, VERSION, NS, PLURAL, "js-e"
         )
     assert gone.value.status == 404
+
+
+# -- the JobSet the train stage renders: a real trainer and two rollout replicas ------------------
+
+GKE = (
+    "cluster.backend=gke",
+    "cluster.placement=remote",
+    "cluster.rollout_replicas=2",
+    "cluster.tpu_type=v6e",
+    "cluster.tpu_topology=2x2",  # one host of four chips: a 1-process trainer
+    "cluster.project=local",
+    "cluster.location=local",
+    "cluster.cluster_name=local",
+    "cluster.node_pool=local-pool",
+)
+SLOW_S = 900  # longest a slow test waits for a training JobSet on a loaded 2-core machine
+
+
+def _training_config(tmp_path, *overrides):
+    from asyncrl.testing.configs import micro_config
+
+    return micro_config(
+        *GKE,
+        f"cluster.rollout_port={_free_port()}",
+        "learner.steps=6",
+        "learner.eval_every=0",
+        "env.heldout_size=1",
+        "env.train_size=16",
+        "checkpoint.every_steps=2",
+        "rollout.failure_policy=retry",  # episodes on a lost replica are retried elsewhere
+        "rollout.max_retries=3",
+        "tracing.tensorboard=false",
+        f"pipeline.runs_dir={tmp_path / 'runs'}",
+        *overrides,
+    )
+
+
+def _launch(cfg, cluster, layout, **kw):
+    from asyncrl.cloud.launcher import run_training_jobset
+
+    return run_training_jobset(cfg, layout, None, cluster.api_client(), poll_s=0.5, **kw)
+
+
+def _in_background(fn):
+    """Run `fn` in a daemon thread; returns a dict that gets its result or its error."""
+    box: dict = {}
+
+    def run():
+        try:
+            box["value"] = fn()
+        except BaseException as e:
+            box["error"] = e
+
+    threading.Thread(target=run, daemon=True).start()
+    return box
+
+
+def _continues(saved: dict, final: dict) -> bool:
+    """The data cursor after a resume (as stages/recovery_test.py judges it): the groups trained
+    before the checkpoint start the final record, none is trained twice or both trained and
+    dropped, and every group ever issued is trained, dropped or pending."""
+    before, after = saved["state"]["cursor"], final["state"]["cursor"]
+    trained = after["trained"]
+    return (
+        trained[: len(before["trained"])] == before["trained"]
+        and len(set(trained)) == len(trained)
+        and not set(trained) & set(after["dropped"])
+        and set(trained) | set(after["dropped"]) | set(after["pending"])
+        == set(range(after["next_index"]))
+    )
+
+
+@pytest.mark.slow
+def test_a_killed_trainer_pod_restarts_the_jobset_and_resumes_without_losing_a_task(tmp_path):
+    from asyncrl.checkpoint.manager import Checkpointer
+    from asyncrl.cloud.jobset import jobset_name
+    from asyncrl.run_layout import RunLayout
+
+    cfg = _training_config(tmp_path)
+    layout = RunLayout.at(cfg.pipeline.runs_dir, "kill-trainer").create()
+    name = jobset_name(layout.run_id)
+    with local_cluster(tmp_path / "cluster", NS, SECRET, shared=(tmp_path,)) as cluster:
+        checkpoints = Checkpointer(layout.checkpoints)
+
+        def kill_after_the_first_checkpoint():
+            _wait(lambda: (checkpoints.latest_step() or 0) >= 2, "a checkpoint", SLOW_S)
+            (pod,) = cluster.executor.pods(name, "trainer")
+            os.kill(pod.pid, signal.SIGKILL)
+            assert pod.process.wait(30) == -signal.SIGKILL
+            at_kill = checkpoints.latest_step()
+            seen = _wait(lambda: _status(cluster, name).get("restarts"), "the restart", SLOW_S)
+            return at_kill, checkpoints.read_pipeline(at_kill), seen
+
+        killer = _in_background(kill_after_the_first_checkpoint)
+        result = _launch(cfg, cluster, layout)
+        _wait(lambda: killer, "the killer's report")
+        assert "error" not in killer, killer.get("error")
+        at_kill, saved, restarts = killer["value"]
+        final = checkpoints.read_pipeline(checkpoints.latest_step())
+        checkpoints.close()
+    assert restarts == 1 and 2 <= at_kill < cfg.learner.steps  # killed mid-run, restarted once
+    assert result.steps == cfg.learner.steps
+    resumed = json.loads(layout.resume_record.read_text())
+    assert resumed["step"] == at_kill  # the restarted trainer resumed from the newest checkpoint
+    assert resumed["digest"] == saved["digest"]  # bit-identical arrays
+    assert _continues(saved, final)
+
+
+@pytest.mark.slow
+def test_a_killed_replica_does_not_stop_training(tmp_path):
+    from asyncrl.cloud.jobset import jobset_name
+    from asyncrl.run_layout import RunLayout
+
+    cfg = _training_config(tmp_path, "checkpoint.every_steps=0")
+    layout = RunLayout.at(cfg.pipeline.runs_dir, "kill-replica").create()
+    name = jobset_name(layout.run_id)
+
+    def trained_steps() -> int:
+        rows = (
+            layout.train_metrics.read_text().splitlines() if layout.train_metrics.exists() else []
+        )
+        return sum('"kind": "train"' in r for r in rows)
+
+    with local_cluster(tmp_path / "cluster", NS, SECRET, shared=(tmp_path,)) as cluster:
+
+        def kill_a_replica_after_two_steps():
+            _wait(lambda: trained_steps() >= 2, "two train steps", SLOW_S)
+            victim = next(
+                p for p in cluster.executor.pods(name, "rollout") if "-rollout-0-" in p.name
+            )
+            os.kill(victim.pid, signal.SIGKILL)
+            status = _wait(
+                lambda: next(
+                    (
+                        s
+                        for s in _status(cluster, name)["replicatedJobsStatus"]
+                        if s["jobRestarts"][0]
+                    ),
+                    None,
+                ),
+                "the replica's job to restart",
+                SLOW_S,
+            )
+            return trained_steps(), status, _status(cluster, name)["restarts"]
+
+        killer = _in_background(kill_a_replica_after_two_steps)
+        result = _launch(cfg, cluster, layout)
+        _wait(lambda: killer, "the killer's report")
+        assert "error" not in killer, killer.get("error")
+        at_kill, rollout, restarts = killer["value"]
+    assert at_kill < cfg.learner.steps  # the replica died mid-run
+    assert rollout["name"] == "rollout" and rollout["jobRestarts"] == [1, 0]
+    assert restarts == 0  # only the replica's job was restarted, not the JobSet
+    trainer_pods = list((tmp_path / "cluster" / "pods").glob(f"{name}-trainer-*"))
+    assert len(trainer_pods) == 1  # one trainer process from start to end
+    assert result.steps == cfg.learner.steps
+    rows = [json.loads(line) for line in layout.train_metrics.read_text().splitlines()]
+    assert [r["step"] for r in rows if r["kind"] == "train"] == list(range(1, 7))
+
+
+@pytest.mark.slow
+def test_a_jobset_that_fails_for_good_fails_the_train_stage_with_the_pod_log_tail(tmp_path):
+    """The train component itself (what the KFP task runs): its trainer cannot load the model
+    it is given, every attempt; after maxRestarts the component raises with the trainer's last
+    words."""
+    from kfp import dsl
+
+    from asyncrl.cloud.jobset import MAX_RESTARTS, JobSetError
+    from asyncrl.cloud.local_cluster import environment
+    from asyncrl.config import to_yaml
+    from asyncrl.pipeline.components import components
+    from asyncrl.run_layout import RunLayout
+
+    cfg = _training_config(tmp_path, "cluster.placement=colocated", "cluster.rollout_replicas=0")
+    layout = RunLayout.at(cfg.pipeline.runs_dir, "fails").create()
+    train = components("asyncrl-runtime:test").train.python_func
+    missing = tmp_path / "no-such-model"
+    with (
+        local_cluster(tmp_path / "cluster", NS, SECRET, shared=(tmp_path,)) as cluster,
+        environment(cluster.env()),
+    ):
+        with pytest.raises(JobSetError) as failed:
+            train(
+                to_yaml(cfg),
+                str(layout.root),
+                str(missing),
+                dsl.Model(uri=str(tmp_path / "m")),
+                dsl.Metrics(uri=str(tmp_path / "metrics")),
+                dsl.Artifact(uri=str(tmp_path / "trace")),
+            )
+        _wait(lambda: not cluster.executor.runs, "the executor to see the JobSet deleted")
+    message = str(failed.value)
+    assert "Failed (ReachedMaxRestarts" in message and f"after {MAX_RESTARTS} restarts" in message
+    assert str(missing) in message.split("pod log tails:", 1)[1]  # the trainer's own error line

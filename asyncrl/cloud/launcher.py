@@ -192,12 +192,18 @@ def sigterm_cancels() -> Iterator[None]:
 
 
 def kube_api_client():
-    """The Kubernetes API of this process: KUBECONFIG (or ~/.kube/config) when there is one, else
-    the pod's service account (a KFP pod on GKE)."""
+    """The Kubernetes API of this process: the kube config KUBECONFIG names, else ~/.kube/config
+    when there is one, else the pod's service account (a KFP pod on GKE)."""
     from kubernetes import client, config
 
+    from asyncrl.stages.launch import kube_config_file
+
     configuration = client.Configuration()
-    config.load_config(client_configuration=configuration)
+    path = kube_config_file()
+    if path:
+        config.load_kube_config(config_file=path, client_configuration=configuration)
+    else:
+        config.load_config(client_configuration=configuration)
     return client.ApiClient(configuration)
 
 
