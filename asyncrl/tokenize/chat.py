@@ -132,10 +132,11 @@ class Conversation:
         logprobs: Sequence[float] | None = None,
         versions: Sequence[int] | None = None,
     ) -> None:
+        n = len(tokens)
         self.tokens.extend(tokens)
-        self.mask.extend([int(produced)] * len(tokens))
-        self.logprobs.extend(logprobs if logprobs is not None else [0.0] * len(tokens))
-        self.versions.extend(versions if versions is not None else [-1] * len(tokens))
+        self.mask.extend((1,) * n if produced else (0,) * n)
+        self.logprobs.extend(logprobs if logprobs is not None else (0.0,) * n)
+        self.versions.extend(versions if versions is not None else (-1,) * n)
 
     def add(self, message: Message) -> None:
         """Append a whole rendered message (an assistant message counts as model-produced)."""

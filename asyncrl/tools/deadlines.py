@@ -60,18 +60,29 @@ class _Driven:
         "baseline",
         "cancels",
         "coro",
+        "deadline_at",
         "expired",
         "forced",
         "grace",
         "grace_s",
         "label",
         "task",
+        "timer",
     )
 
     def __init__(
-        self, coro: Coroutine[Any, Any, Any], task: asyncio.Task, label: str, grace_s: float
+        self,
+        coro: Coroutine[Any, Any, Any],
+        task: asyncio.Task,
+        label: str,
+        grace_s: float,
+        deadline_at: float | None,
     ) -> None:
         self.coro, self.task, self.label, self.grace_s = coro, task, label, grace_s
+        # Loop time of the deadline; its timer is armed at the first suspension (code that
+        # finishes without suspending, like most closes, never needs one).
+        self.deadline_at = deadline_at
+        self.timer: asyncio.TimerHandle | None = None
         self.baseline = task.cancelling()  # cancellations requested before the call
         self.expired = False  # the deadline passed
         self.forced = False  # the grace passed too: drop the coroutine
@@ -106,6 +117,8 @@ class _Driven:
     def settle(self) -> None:
         """Stop the timers and take back this call's own cancellations (idempotent)."""
         self.active = False
+        if self.timer is not None:
+            self.timer.cancel()
         if self.grace is not None:
             self.grace.cancel()
         for _ in range(self.cancels):
@@ -122,6 +135,8 @@ class _Driven:
             except SystemExit as e:
                 raise Escaped(f"SystemExit({e.code!r:.200})") from None
             value, error = None, None
+            if self.timer is None and self.deadline_at is not None:
+                self.timer = self.task.get_loop().call_at(self.deadline_at, self.expire)
             try:
                 value = yield yielded
             except asyncio.CancelledError as e:
@@ -149,10 +164,12 @@ def _leave(driven: _Driven) -> None:
     """Settle this call and any nested one left behind (a dropped coroutine's)."""
     stack = _ACTIVE.get(driven.task)
     if stack and stack[-1] is driven and not driven.cancels and driven.grace is None:
-        stack.pop()  # the usual way out: innermost, no timer or cancellation of its own left
+        stack.pop()  # the usual way out: innermost, no grace or cancellation of its own left
         if not stack:
             del _ACTIVE[driven.task]
         driven.active = False
+        if driven.timer is not None:
+            driven.timer.cancel()
         return
     if stack is not None and driven in stack:
         at = stack.index(driven)
@@ -179,19 +196,15 @@ async def within(
     if task is None:
         coro.close()
         raise RuntimeError("within() must be awaited inside an asyncio task")
-    driven = _Driven(coro, task, label, grace_s)
+    deadline_at = None if timeout_s is None else task.get_loop().time() + timeout_s
+    driven = _Driven(coro, task, label, grace_s, deadline_at)
     _ACTIVE.setdefault(task, []).append(driven)
-    deadline = None
-    if timeout_s is not None:
-        deadline = task.get_loop().call_later(timeout_s, driven.expire)
     error: BaseException | None = None
     try:
         result = await driven
     except (Exception, asyncio.CancelledError) as e:
         error = e
     finally:
-        if deadline is not None:
-            deadline.cancel()
         _leave(driven)
     if task.cancelling() > driven.baseline:  # the caller was cancelled meanwhile: so is the call
         raise error if isinstance(error, asyncio.CancelledError) else asyncio.CancelledError()
