@@ -33,7 +33,7 @@ from asyncrl.rollout.orchestrator import Orchestrator, OrchestratorSettings, num
 from asyncrl.testing.scripted_engine import ScriptedEngine
 from asyncrl.tokenize import ByteTokenizer, ChatFormat
 from asyncrl.tokenize.call_json import MAX_CALL_CHARS, MAX_DEPTH, MAX_NUMBER_CHARS
-from asyncrl.tools import deadlines
+from asyncrl.tools import deadlines, threads
 from asyncrl.tools.base import ToolStatus
 from asyncrl.tools.calculator import calculator
 from asyncrl.tools.executor import ToolExecutor
@@ -314,6 +314,21 @@ def test_beyond_the_spare_threads_a_hung_tool_keeps_its_worker_and_the_pool_stay
     assert (stats.threads, stats.abandoned_total, stats.skipped_total) == (1, 1, 1)
 
 
+def test_abandoned_threads_of_the_shared_pools_are_counted_for_operators():
+    release = threading.Event()
+    pool = threads.shared(7)  # a size no other test uses
+    ex = _executor(*_blocking_tools(pool, release))
+    before = threads.shared_stats()
+    try:
+        result = run(ex.call(ToolCall(name="stuck")))
+        after = threads.shared_stats()
+    finally:
+        release.set()
+    assert result.status == ToolStatus.TIMEOUT
+    assert after.abandoned_total - before.abandoned_total == 1
+    assert after.abandoned_now - before.abandoned_now == 1
+
+
 def test_sync_tools_run_at_most_workers_at_once():
     running, peak, lock = [0], [0], threading.Lock()
 
@@ -530,6 +545,7 @@ def test_a_failing_factory_is_counted_env_error_and_the_group_ends(
     stats = queue.stats()
     counts = orch.status_counts
     assert stats.open == 0
+    assert orch.health()["env_build_failures"] == orch.env_build_failures
     # Every member that ran failed at its factory; under "drop" the first failure dooms the group,
     # and a member not yet started then never runs its factory at all (cancelled instead).
     assert orch.env_build_failures == counts[S.ENV_ERROR]
@@ -575,9 +591,13 @@ def test_orchestrator_cancel_returns_within_the_grace_whatever_the_environments_
         await asyncio.gather(runner, return_exceptions=True)
         return seconds
 
+    dropped = sum(deadlines.DROPPED.values())
     seconds = run(go())
     assert seconds < EPISODE_GRACE_S + SLACK_S
     assert orch.status_counts[S.CANCELLED] == 4 and orch.env_close_failures == 4
+    health = orch.health()  # what the training loop logs each step
+    assert health["env_close_failures"] == 4.0
+    assert health["dropped_after_grace"] - dropped == 8.0  # 4 episodes + 4 closes ignored it
     assert sorted(ended) == [(0, GroupOutcome.WITHDRAWN), (1, GroupOutcome.WITHDRAWN)]
 
 

@@ -38,6 +38,7 @@ from asyncrl.envs.base import Environment
 from asyncrl.rollout.episode import Episode, EpisodeLimits, EpisodeSpec
 from asyncrl.rollout.groups import Admitted, GroupEnd, GroupQueue
 from asyncrl.sampling.protocol import EngineClosed, RolloutEngine
+from asyncrl.tools import deadlines, threads
 from asyncrl.tracing import flow_id
 from asyncrl.types import NumberedTask, SamplingParams, Task, Trajectory, TrajectoryStatus
 
@@ -164,6 +165,23 @@ class Orchestrator:
     @property
     def active(self) -> int:
         return len(self._running)
+
+    def health(self) -> dict[str, float]:
+        """Failure counters for an operator's per-step metrics: this orchestrator's, the code
+        dropped for ignoring cancellation (process-wide, `tools/deadlines.DROPPED`) and the
+        shared sync-tool pools' threads (`tools/threads.shared_stats`)."""
+        pools = threads.shared_stats()
+        return {
+            "env_build_failures": float(self.env_build_failures),
+            "env_close_failures": float(self.env_close_failures),
+            "member_failures": float(self.member_failures),
+            "doomed_cancelled": float(self.doomed_cancelled),
+            "dropped_after_grace": float(sum(deadlines.DROPPED.values())),
+            "tool_threads": float(pools.threads),
+            "tool_threads_abandoned_now": float(pools.abandoned_now),
+            "tool_threads_abandoned_total": float(pools.abandoned_total),
+            "tool_calls_skipped_total": float(pools.skipped_total),
+        }
 
     async def run(self, items: Iterable[NumberedTask]) -> None:
         """Start a group per item until they run out or `stop()`; wait for running episodes.

@@ -158,3 +158,17 @@ def shared(workers: int) -> ToolThreads:
         if pool is None:
             pool = _SHARED[workers] = ToolThreads(workers)
         return pool
+
+
+def shared_stats() -> ThreadStats:
+    """Every process-wide pool added up (what an operator watches: hung threads now and ever)."""
+    with _SHARED_LOCK:
+        pools = list(_SHARED.values())
+    stats = [p.stats() for p in pools]
+    return ThreadStats(
+        sum(s.workers for s in stats),
+        sum(s.threads for s in stats),
+        sum(s.abandoned_now for s in stats),
+        sum(s.abandoned_total for s in stats),
+        sum(s.skipped_total for s in stats),
+    )
