@@ -230,6 +230,7 @@ class TrainingLoop:
         if step % self.cfg.sync_every == 0:
             self._publish(step)
         metrics.update(self._rates())
+        metrics.update(self.orchestrator.health())  # env/member failures, drops, hung threads
         metrics.update(self._step_metrics(groups, lags, time.monotonic() - t0))
         self.tracker.log(step, metrics)
         self.last_metrics = metrics
