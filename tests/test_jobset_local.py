@@ -502,3 +502,56 @@ def test_a_jobset_that_fails_for_good_fails_the_train_stage_with_the_pod_log_tai
     message = str(failed.value)
     assert "Failed (ReachedMaxRestarts" in message and f"after {MAX_RESTARTS} restarts" in message
     assert str(missing) in message.split("pod log tails:", 1)[1]  # the trainer's own error line
+
+
+@pytest.mark.slow
+def test_the_gke_shaped_pipeline_runs_end_to_end_on_the_local_executor(tmp_path):
+    """configs/local-jobset.yaml (backend gke) through kfp.local: provision asks the loopback GKE
+    API for the node pool, the train task launches the JobSet (trainer + 2 replicas) that the
+    executor runs, the gate passes the model it trained, teardown deletes the node pool. The
+    recovery test is left out: on gke it still runs inside its own task (not through a JobSet),
+    five trainer restarts with their own replicas, which the other tests here cover."""
+    from test_pipeline import TINY
+
+    from asyncrl.cloud.jobset import jobset_name
+    from asyncrl.config import load_config
+    from asyncrl.pipeline.local import run_local
+    from asyncrl.run_layout import RunLayout
+    from asyncrl.stages.train import TrainResult
+    from asyncrl.testing.gke_stub import gke_stub
+
+    root = Path(__file__).parent.parent
+    cfg = load_config(
+        root / "configs/local-jobset.yaml",
+        [
+            *TINY,
+            f"cluster.rollout_port={_free_port()}",
+            f"pipeline.runs_dir={tmp_path / 'runs'}",
+            f"gate.champion={tmp_path / 'ch'}",
+            "pipeline.stages=[provision,warm_start,train,quality_gate,report]",
+        ],
+    )
+    with gke_stub() as gke:
+        gke.polls_to_run = 0
+        with local_cluster(
+            tmp_path / "cluster", NS, SECRET, shared=(tmp_path,), gke_endpoint=gke.endpoint
+        ) as cluster:
+            result = run_local(cfg, cluster)
+        requests = [(method, path.rsplit("/", 1)[-1]) for method, path, _ in gke.requests]
+    assert result.succeeded and result.final_state == "SUCCEEDED", result
+    assert result.stages_done == (
+        "provision",
+        "warm_start",
+        "train",
+        "quality_gate",
+        "promote",
+        "report",
+    )
+    assert result.gate_passed is True
+    assert ("POST", "nodePools") in requests and requests[-1] == ("DELETE", "local-v6e-2x2")
+    layout = RunLayout.of(result.run_dir)
+    assert layout.read(TrainResult).steps == cfg.learner.steps
+    pods = sorted(p.name.rsplit("-", 1)[0] for p in (tmp_path / "cluster" / "pods").iterdir())
+    name = jobset_name(layout.run_id)
+    assert pods == [f"{name}-rollout-0-0", f"{name}-rollout-1-0", f"{name}-trainer-0-0"]
+    assert (layout.train_model / "model.safetensors").exists()
