@@ -367,3 +367,16 @@ def test_two_process_jax_distributed_step_is_consistent_and_equals_one_process(t
     )
     assert one["processes"] == 1 and one["devices"] == 2
     assert one["loss"] == pytest.approx(results[0]["loss"], abs=LOSS_TOL)
+
+
+def test_on_gke_the_train_task_is_a_launcher_without_a_tpu():
+    """The JobSet's pods hold the slice; a train task on a TPU node would hold one of its hosts."""
+    spec = list(yaml.safe_load_all((ROOT / "pipelines/compiled/asyncrl-gke.yaml").read_text()))
+    pipeline, platform = spec[0], spec[1]
+    executors = platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
+    containers = pipeline["deploymentSpec"]["executors"]
+    assert "nodeSelector" not in executors["exec-train"]
+    assert "accelerator" not in containers["exec-train"]["container"].get("resources", {})
+    for task in ("exec-warm-start", "exec-recovery-test", "exec-quality-gate"):
+        labels = executors[task]["nodeSelector"]["labels"]
+        assert labels["cloud.google.com/gke-tpu-accelerator"] == "tpu-v6e-slice", task
