@@ -555,3 +555,17 @@ def test_the_gke_shaped_pipeline_runs_end_to_end_on_the_local_executor(tmp_path)
     name = jobset_name(layout.run_id)
     assert pods == [f"{name}-rollout-0-0", f"{name}-rollout-1-0", f"{name}-trainer-0-0"]
     assert (layout.train_model / "model.safetensors").exists()
+
+
+def test_the_launcher_streams_each_new_log_line_once(cluster, tmp_path):
+    """What the KFP log shows while a JobSet runs: every line of every pod, whole, once."""
+    out = tmp_path / "out"
+    out.mkdir()
+    shown: list[str] = []
+    runner = JobSetRunner(cluster.api_client(), NS, poll_s=0.05)
+    jobset = small_jobset("js-f", out, trainers=1, replicas=1)
+    assert runner.run(jobset, timeout_s=WAIT_S, stream=shown.append).state == "Completed"
+    trainer = [s for s in shown if "-trainer-0-0-" in s]
+    assert [s.split("] ", 1)[1] for s in trainer] == ["trainer 0 saw 1 replicas"]
+    replica = [s for s in shown if "-rollout-0-0-" in s]
+    assert len(replica) == 1 and replica[0].split("] ", 1)[1].startswith("serving on 127.")

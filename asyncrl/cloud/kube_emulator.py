@@ -25,6 +25,7 @@ JOBSETS = "jobset.x-k8s.io/v1alpha2/jobsets"
 CORE = ("v1/pods", "v1/secrets")
 # pods/log: (namespace, pod, tail lines or None, timestamps) -> the log text, None if no such pod
 LogSource = Callable[[str, str, int | None, bool], str | None]
+_TRUE = ("1", "t", "T", "true", "True", "TRUE")  # a query bool as the API server parses it
 
 
 @dataclass
@@ -76,7 +77,7 @@ class KubeEmulator:
         def log(request):
             params = dict(request.params or {})
             tail = params.get("tailLines")
-            stamps = params.get("timestamps", "false") == "true"
+            stamps = params.get("timestamps", "") in _TRUE
             text = source(request.namespace, request.name, int(tail) if tail else None, stamps)
             if text is None:
                 raise kmock.KubernetesObjectNotFoundError()
