@@ -20,22 +20,34 @@ was created:
   `restartsCountTowardsMax`, `replicatedJobsStatus`, `terminalState` and a Completed or Failed
   condition. A JobSet that is deleted has its pods stopped and deleted.
 Each pod gets its own loopback address, kept by its hostname across restarts, as DNS would.
+This module does the effects (API calls, processes); the record of a JobSet and the pure rules
+over it are in jobset_state.py.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import random
-import re
-import secrets
 import sys
 import threading
-from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from asyncrl.cloud.jobset_state import (
+    JobState,
+    RunState,
+    admit,
+    condition,
+    failure_action,
+    finished,
+    hostnames,
+    jobset_status,
+    pod_object,
+    reached,
+    reset,
+    succeeded,
+    terminated,
+)
 from asyncrl.cloud.local_kubelet import (
     PodProcess,
     PodStartError,
@@ -46,46 +58,7 @@ from asyncrl.cloud.local_kubelet import (
 )
 
 GROUP, VERSION, PLURAL = "jobset.x-k8s.io", "v1alpha2", "jobsets"
-L = "jobset.sigs.k8s.io/"
-INDEX = "batch.kubernetes.io/job-completion-index"
 GRACE_S = 10.0  # longest wait between SIGTERM and SIGKILL when stopping a pod
-
-
-@dataclass
-class _Job:
-    rjob: str
-    index: int  # job index within its replicated job
-    template: dict[str, Any]  # the Job spec
-    pods: dict[int, PodProcess] = field(default_factory=dict)  # completion index -> live pod
-    done: set[int] = field(default_factory=set)  # completion indexes that succeeded
-    failures: int = 0
-    restarts: int = 0
-    counted: int = 0  # restarts that count towards maxRestarts
-    started: bool = False
-    failed: str = ""  # the failure message once the job has failed
-    created: list[str] = field(default_factory=list)  # its pods, live or ended (deleted with it)
-
-    @property
-    def parallelism(self) -> int:
-        return int(self.template.get("parallelism", 1))
-
-    def ready(self) -> bool:
-        return len(self.done) + sum(p.ready for p in self.pods.values()) >= self.parallelism
-
-    def complete(self) -> bool:
-        return len(self.done) >= int(self.template.get("completions", self.parallelism))
-
-
-@dataclass
-class _Run:
-    name: str
-    spec: dict[str, Any]
-    jobs: list[_Job]
-    restarts: int = 0
-    counted: int = 0
-    terminal: str = ""  # Completed | Failed once finished
-    message: str = ""
-    written: dict[str, Any] = field(default_factory=dict)
 
 
 class LocalJobSetExecutor:
@@ -107,7 +80,7 @@ class LocalJobSetExecutor:
         self.core = client.CoreV1Api(api_client)
         self.namespace, self.workdir, self.shared, self.poll_s = namespace, workdir, shared, poll_s
         self.base_env = image_env() if base_env is None else base_env
-        self.runs: dict[str, _Run] = {}
+        self.runs: dict[str, RunState] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True, name="jobset-executor")
@@ -159,28 +132,28 @@ class LocalJobSetExecutor:
             with self._lock:
                 del self.runs[name]
         for name, obj in present.items():
-            if name not in self.runs and not _finished(obj):
+            if name not in self.runs and not finished(obj):
                 with self._lock:
-                    self.runs[name] = _admit(obj)
+                    self.runs[name] = admit(obj)
             run = self.runs.get(name)
             if run is not None and not run.terminal:
                 self._step(run)
                 self._write_status(run)
 
-    def _step(self, run: _Run) -> None:
+    def _step(self, run: RunState) -> None:
         for job in run.jobs:
             if job.started:
                 self._sync_job(run, job)
         failed = next((j for j in run.jobs if j.failed), None)
         if failed is not None:
             self._on_failure(run, failed)
-        elif _succeeded(run):
+        elif succeeded(run):
             self._stop_pods(run, delete=False)  # what still runs stops; the pods stay listed
             run.terminal, run.message = "Completed", "jobset completed successfully"
         else:
             self._start_due(run)
 
-    def _start_due(self, run: _Run) -> None:
+    def _start_due(self, run: RunState) -> None:
         """Start the replicated jobs whose turn has come (dependsOn / startupPolicy InOrder)."""
         in_order = (run.spec.get("startupPolicy") or {}).get("startupPolicyOrder") == "InOrder"
         names = [rj["name"] for rj in run.spec["replicatedJobs"]]
@@ -191,25 +164,25 @@ class LocalJobSetExecutor:
             needs = [(d["name"], d["status"]) for d in rj.get("dependsOn") or []]
             if in_order and i:
                 needs.append((names[i - 1], "Ready"))
-            if all(_reached(run, dep, status) for dep, status in needs):
+            if all(reached(run, dep, status) for dep, status in needs):
                 for job in jobs:
                     if not job.started:
                         job.started = True
                         for index in range(job.parallelism):
                             self._start_pod(run, job, index)
 
-    def _sync_job(self, run: _Run, job: _Job) -> None:
+    def _sync_job(self, run: RunState, job: JobState) -> None:
         for index, pod in list(job.pods.items()):
             code = pod.poll()
             if code is None:
                 ready = pod.probe()
                 if ready != pod.ready:
                     pod.ready = ready
-                    self._patch_pod(pod, {"conditions": [_cond("Ready", ready)]})
+                    self._patch_pod(pod, {"conditions": [condition("Ready", ready)]})
                 continue
             del job.pods[index]
             phase = "Succeeded" if code == 0 else "Failed"
-            self._patch_pod(pod, _terminated(pod.container, phase, code))
+            self._patch_pod(pod, terminated(pod.container, phase, code))
             if code == 0:
                 job.done.add(index)
                 continue
@@ -219,10 +192,10 @@ class LocalJobSetExecutor:
             else:
                 self._start_pod(run, job, index)
 
-    def _on_failure(self, run: _Run, job: _Job) -> None:
+    def _on_failure(self, run: RunState, job: JobState) -> None:
         policy = run.spec.get("failurePolicy") or {}
         limit = int(policy.get("maxRestarts", 0))
-        action = _action(policy.get("rules") or [], job)
+        action = failure_action(policy.get("rules") or [], job)
         counts = not action.endswith("IgnoreMaxRestarts")
         what = f"job {run.name}-{job.rjob}-{job.index} failed ({job.failed})"
         if action == "FailJobSet":
@@ -234,13 +207,13 @@ class LocalJobSetExecutor:
             run.restarts += 1
             run.counted += counts
             for j in run.jobs:
-                _reset(j)
+                reset(j)
             return self._start_due(run)
         if counts and job.counted >= limit:
             return self._fail(run, "ReachedMaxRestarts", f"{what}; maxRestarts {limit} reached")
         self._stop_job(job, delete=True)
         started = job.started
-        _reset(job)
+        reset(job)
         job.restarts += 1
         job.counted += counts
         if started:
@@ -248,14 +221,14 @@ class LocalJobSetExecutor:
             for index in range(job.parallelism):
                 self._start_pod(run, job, index)
 
-    def _fail(self, run: _Run, reason: str, message: str) -> None:
+    def _fail(self, run: RunState, reason: str, message: str) -> None:
         self._stop_pods(run, delete=False)  # failed pods stay, with their logs
         run.terminal, run.message = "Failed", f"{reason}: {message}"
 
     # -- pods ------------------------------------------------------------------------------------
 
-    def _start_pod(self, run: _Run, job: _Job, index: int) -> None:
-        pod = _pod_object(run, job, index, self.namespace)
+    def _start_pod(self, run: RunState, job: JobState, index: int) -> None:
+        pod = pod_object(run, job, index, self.namespace)
         hostname = pod["spec"]["hostname"]
         ip = self._address(f"{hostname}.{pod['spec'].get('subdomain', '')}")
         folder = self.workdir / pod["metadata"]["name"]
@@ -267,7 +240,7 @@ class LocalJobSetExecutor:
             process = start_pod(
                 pod,
                 ip=ip,
-                hosts=_hosts(run, self._address),
+                hosts=hostnames(run, self._address),
                 secret=self._secret,
                 folder=folder,
                 base_env=self.base_env,
@@ -276,7 +249,7 @@ class LocalJobSetExecutor:
         except (PodStartError, OSError) as e:
             (folder / "log").write_text(f"- {e}\n")
             container = pod["spec"]["containers"][0]
-            status = _terminated(container, "Failed", 1, str(e), "CreateContainerConfigError")
+            status = terminated(container, "Failed", 1, str(e), "CreateContainerConfigError")
             self._patch(pod["metadata"]["name"], status)
             job.failed = f"pod {pod['metadata']['name']}: CreateContainerConfigError: {e}"
             return
@@ -303,18 +276,18 @@ class LocalJobSetExecutor:
             self._addresses[fqdn] = f"{self._net}.{n}"
         return self._addresses[fqdn]
 
-    def _stop_pods(self, run: _Run, delete: bool) -> None:
+    def _stop_pods(self, run: RunState, delete: bool) -> None:
         for job in run.jobs:
             self._stop_job(job, delete)
 
-    def _stop_job(self, job: _Job, delete: bool) -> None:
+    def _stop_job(self, job: JobState, delete: bool) -> None:
         """Stop the job's live pods; with `delete`, delete the job: all its pods, ended ones too."""
         with self._lock:
             pods, job.pods = list(job.pods.values()), {}
         for pod in pods:
             code = pod.stop(min(GRACE_S, pod.spec.get("terminationGracePeriodSeconds", 30)))
             if not delete:
-                stopped = _terminated(pod.container, "Failed", code, "stopped by the JobSet")
+                stopped = terminated(pod.container, "Failed", code, "stopped by the JobSet")
                 self._patch_pod(pod, stopped)
         if delete:
             for name in job.created:
@@ -342,16 +315,13 @@ class LocalJobSetExecutor:
             if e.status != 404:
                 raise
 
-    def _write_status(self, run: _Run) -> None:
-        status = _status(run)
+    def _write_status(self, run: RunState) -> None:
+        status = jobset_status(run)
         if status != run.written:
             self.custom.patch_namespaced_custom_object_status(
                 GROUP, VERSION, self.namespace, PLURAL, run.name, {"status": status}
             )
             run.written = status
-
-
-# -- pure helpers ---------------------------------------------------------------------------------
 
 
 def image_env() -> dict[str, str]:
@@ -365,183 +335,3 @@ def image_env() -> dict[str, str]:
     }
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     return env
-
-
-def _admit(obj: dict[str, Any]) -> _Run:
-    spec = obj["spec"]
-    jobs = [
-        _Job(rj["name"], i, rj["template"]["spec"])
-        for rj in spec["replicatedJobs"]
-        for i in range(int(rj.get("replicas", 1)))
-    ]
-    return _Run(obj["metadata"]["name"], spec, jobs)
-
-
-def _finished(obj: dict[str, Any]) -> bool:
-    return bool((obj.get("status") or {}).get("terminalState"))
-
-
-def _reset(job: _Job) -> None:
-    job.pods, job.done, job.failures, job.failed, job.started = {}, set(), 0, "", False
-
-
-def _reached(run: _Run, rjob: str, status: str) -> bool:
-    jobs = [j for j in run.jobs if j.rjob == rjob]
-    if status == "Complete":
-        return all(j.complete() for j in jobs)
-    return all(j.started and (j.ready() or j.complete()) for j in jobs)
-
-
-def _succeeded(run: _Run) -> bool:
-    policy = run.spec.get("successPolicy") or {}
-    targets = policy.get("targetReplicatedJobs") or [
-        rj["name"] for rj in run.spec["replicatedJobs"]
-    ]
-    jobs = [j for j in run.jobs if j.rjob in targets]
-    if policy.get("operator") == "Any":
-        return any(j.complete() for j in jobs)
-    return all(j.complete() for j in jobs)
-
-
-def _action(rules: list[dict[str, Any]], job: _Job) -> str:
-    """The first matching failure policy rule's action; RestartJobSet when none matches."""
-    reason = "BackoffLimitExceeded"
-    for rule in rules:
-        targets = rule.get("targetReplicatedJobs") or []
-        reasons = rule.get("onJobFailureReasons") or []
-        patterns = rule.get("onJobFailureMessagePatterns") or []
-        if targets and job.rjob not in targets:
-            continue
-        if reasons and reason not in reasons:
-            continue
-        if patterns and not any(re.search(p, job.failed) for p in patterns):
-            continue
-        return rule["action"]
-    return "RestartJobSet"
-
-
-def _hosts(run: _Run, address) -> dict[str, str]:
-    """Every pod hostname of the JobSet, as its headless service names it, to its address."""
-    network = run.spec.get("network") or {}
-    if not network.get("enableDNSHostnames", False):
-        return {}
-    sub = network.get("subdomain") or run.name
-    out = {}
-    for job in run.jobs:
-        for index in range(job.parallelism):
-            fqdn = f"{run.name}-{job.rjob}-{job.index}-{index}.{sub}"
-            out[fqdn] = address(fqdn)
-    return out
-
-
-def _pod_object(run: _Run, job: _Job, index: int, namespace: str) -> dict[str, Any]:
-    template = job.template["template"]
-    job_name = f"{run.name}-{job.rjob}-{job.index}"
-    network = run.spec.get("network") or {}
-    spec = _copy(template["spec"])
-    if network.get("enableDNSHostnames", False):
-        spec["hostname"] = f"{job_name}-{index}"
-        spec["subdomain"] = network.get("subdomain") or run.name
-    if job.template.get("completionMode") == "Indexed":
-        for container in spec["containers"]:
-            container.setdefault("env", []).append(
-                {"name": "JOB_COMPLETION_INDEX", "value": str(index)}
-            )
-    labels = {
-        **(template.get("metadata") or {}).get("labels", {}),
-        L + "jobset-name": run.name,
-        L + "replicatedjob-name": job.rjob,
-        L + "job-index": str(job.index),
-        L + "restart-attempt": str(run.restarts),
-        "batch.kubernetes.io/job-name": job_name,
-        INDEX: str(index),
-    }
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {
-            "name": f"{job_name}-{index}-{secrets.token_hex(3)[:5]}",
-            "namespace": namespace,
-            "labels": labels,
-            "annotations": {INDEX: str(index), L + "jobset-name": run.name},
-        },
-        "spec": spec,
-        "status": {"phase": "Pending"},
-    }
-
-
-def _copy(obj: Any) -> Any:
-    import copy
-
-    return copy.deepcopy(obj)
-
-
-def _cond(kind: str, value: bool) -> dict[str, str]:
-    return {"type": kind, "status": "True" if value else "False"}
-
-
-def _terminated(
-    container: dict[str, Any], phase: str, code: int, message: str = "", reason: str = ""
-) -> dict[str, Any]:
-    reason = reason or ("Completed" if code == 0 else "Error")
-    state = {"exitCode": exit_code(code), "reason": reason}
-    if message:
-        state["message"] = message
-    return {
-        "phase": phase,
-        "conditions": [_cond("Ready", False)],
-        "containerStatuses": [
-            {
-                "name": container["name"],
-                "image": container.get("image", ""),
-                "imageID": "",
-                "ready": False,
-                "restartCount": 0,
-                "state": {"terminated": state},
-            }
-        ],
-    }
-
-
-def _status(run: _Run) -> dict[str, Any]:
-    by_name: dict[str, dict[str, Any]] = {}
-    for job in run.jobs:
-        s = by_name.setdefault(
-            job.rjob,
-            {
-                "name": job.rjob,
-                "ready": 0,
-                "succeeded": 0,
-                "failed": 0,
-                "active": 0,
-                "suspended": 0,
-                "jobRestarts": [],
-            },
-        )
-        s["ready"] += job.started and job.ready() and not job.complete()
-        s["succeeded"] += job.complete()
-        s["failed"] += bool(job.failed)
-        s["active"] += bool(job.pods)
-        s["jobRestarts"].append(job.restarts)
-    status: dict[str, Any] = {
-        "restarts": run.restarts,
-        "restartsCountTowardsMax": run.counted,
-        "replicatedJobsStatus": list(by_name.values()),
-    }
-    if run.terminal:
-        status["terminalState"] = run.terminal
-        status["conditions"] = [
-            {"type": run.terminal, "status": "True", "reason": run.terminal, "message": run.message}
-        ]
-    return status
-
-
-@contextlib.contextmanager
-def running_executor(
-    api_client, namespace: str, workdir: Path, **kw
-) -> Iterator[LocalJobSetExecutor]:
-    executor = LocalJobSetExecutor(api_client, namespace, workdir, **kw).start()
-    try:
-        yield executor
-    finally:
-        executor.stop()
