@@ -99,6 +99,8 @@ def build_batch(
     for m, members in enumerate(bins):
         for r, i in enumerate(members):
             traj, n = trajectories[i], len(trajectories[i].tokens) - 1
+            if n < 1:  # fewer than two tokens: no target to predict, the row stays padding
+                continue
             tokens = np.asarray(traj.tokens, np.int32)
             arrays["inputs"][m, r, :n] = tokens[:-1]
             arrays["targets"][m, r, :n] = tokens[1:]
