@@ -22,6 +22,7 @@ from asyncrl.config.errors import ConfigError
 from asyncrl.envs.base import ActionKind
 from asyncrl.envs.registry import build_environment, register
 from asyncrl.envs.tool_env import ToolEnvironment
+from asyncrl.learner.batching import build_batch
 from asyncrl.rollout.episode import (
     EPISODE_GRACE_S,
     Episode,
@@ -39,7 +40,15 @@ from asyncrl.tools.calculator import calculator
 from asyncrl.tools.executor import ToolExecutor
 from asyncrl.tools.function import FunctionTool
 from asyncrl.tools.threads import ToolThreads
-from asyncrl.types import Completion, FinishReason, GroupOutcome, SamplingParams, Task, ToolCall
+from asyncrl.types import (
+    Completion,
+    FinishReason,
+    GroupOutcome,
+    SamplingParams,
+    Task,
+    ToolCall,
+    Trajectory,
+)
 from asyncrl.types import TrajectoryStatus as S
 
 TOK = ByteTokenizer()
@@ -611,3 +620,36 @@ def test_tool_workers_is_bounded(workers, ok):
     else:
         with pytest.raises(ConfigError, match=r"tool_workers.*\[1, 256\]"):
             EnvConfig(tool_workers=workers)
+
+
+# -- the learner's batching: trajectories too short to train ------------------------------------
+
+
+def _trajectory(n_tokens, number):
+    n = n_tokens
+    return Trajectory(
+        id=f"t{number}",
+        group_id="g",
+        task_id="t",
+        tokens=tuple(range(5, 5 + n)),
+        loss_mask=(1,) * n,
+        logprobs=(-0.5,) * n,
+        versions=(0,) * n,
+        reward=1.0,
+    )
+
+
+@pytest.mark.parametrize("short", [0, 1])
+def test_zero_and_one_token_trajectories_become_padding_rows(short):
+    """Nothing to predict (a row's targets are its tokens but the first): the row is padding, the
+    batch is built, and it counts exactly the normal trajectories' tokens."""
+    trajectories = [_trajectory(short, 0), _trajectory(10, 1), _trajectory(short, 2)]
+    batch = build_batch(trajectories, [1.0, 2.0, 3.0], max_len=64, micro_batch_tokens=64, rows=4)
+    assert float(batch.n_tokens) == 9.0 and float(batch.n_sequences) == 1.0
+    assert int(batch.valid.sum()) == 9 and float(batch.mask.sum()) == 9.0
+
+
+def test_a_batch_of_only_empty_trajectories_counts_nothing():
+    pair = [_trajectory(0, 0), _trajectory(1, 1)]
+    batch = build_batch(pair, [1.0, 1.0], max_len=64, micro_batch_tokens=64, rows=2)
+    assert (float(batch.n_tokens), int(batch.valid.sum())) == (0.0, 0)
