@@ -39,11 +39,11 @@ def test_gke_pipeline_carries_tpu_settings_and_retries():
     spec = list(yaml.safe_load_all((ROOT / "pipelines/compiled/asyncrl-gke.yaml").read_text()))
     pipeline, platform = spec[0], spec[1]
     executors = platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
-    train = executors["exec-train"]
-    selectors = train["nodeSelector"]["labels"]
+    warm = executors["exec-warm-start"]  # train is a launcher on gke: its JobSet holds the TPUs
+    selectors = warm["nodeSelector"]["labels"]
     assert selectors["cloud.google.com/gke-tpu-accelerator"] == "tpu-v6e-slice"
-    assert train["tolerations"][0]["key"] == "google.com/tpu"
-    container = pipeline["deploymentSpec"]["executors"]["exec-train"]["container"]
+    assert warm["tolerations"][0]["key"] == "google.com/tpu"
+    container = pipeline["deploymentSpec"]["executors"]["exec-warm-start"]["container"]
     assert container["resources"]["accelerator"]["resourceCount"] == "4"  # one v6e host's chips
     tasks = pipeline["components"]["comp-exit-handler-1"]["dag"]["tasks"]
     assert "retryPolicy" in tasks["provision"] and "retryPolicy" not in tasks["quality-gate"]
