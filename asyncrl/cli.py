@@ -35,25 +35,33 @@ def _cmd_model_info(args: argparse.Namespace) -> int:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    """The main job: the whole pipeline on this machine through kfp.local (SubprocessRunner)."""
-    cfg = load_config(args.config, args.overrides)
-    from asyncrl.pipeline.local import run_local
-    from asyncrl.run_layout import RunLayout, Stage
+    """The main job: the whole pipeline on this machine through kfp.local (SubprocessRunner).
+    One header, a line per stage start and end, a summary; the rest goes to the run's logs/
+    (`--verbose`: everything on the terminal, as kfp.local prints it)."""
+    import dataclasses
 
-    result = run_local(cfg)
-    layout = RunLayout.of(result.run_dir)
-    print(f"run folder: {layout.root}")
-    print(f"pipeline: {result.final_state}; stages done: {', '.join(result.stages_done)}")
-    for label, path in (
-        ("report", layout.report_html),
-        ("report (markdown)", layout.report_md),
-        ("trace", layout.trace),
-        ("learning curve", layout.dir(Stage.TRAIN) / "learning_curve.png"),
-        ("gate report", layout.result_path(Stage.QUALITY_GATE)),
-        ("recovery verdict", layout.result_path(Stage.RECOVERY_TEST)),
-    ):
-        if path.exists():
-            print(f"{label}: {path}")
+    cfg = load_config(args.config, args.overrides)
+    from asyncrl.pipeline import console
+    from asyncrl.pipeline.local import run_local
+    from asyncrl.run_layout import RunLayout, new_run_id
+
+    run_id = cfg.pipeline.run_id or new_run_id()
+    cfg = dataclasses.replace(cfg, pipeline=dataclasses.replace(cfg.pipeline, run_id=run_id))
+    layout = RunLayout.at(cfg.pipeline.runs_dir, run_id)
+    print(f"asyncrl run {run_id} · config {args.config} · run folder {layout.root}", flush=True)
+    if args.verbose:
+        result = run_local(cfg)
+        shown = None
+    else:
+        result, shown, logs = console.run_quietly(
+            layout, cfg.learner.steps, sys.stdout, lambda: run_local(cfg)
+        )
+        for line in console.failure_tails(shown, logs):
+            print(line)
+    print(f"pipeline {result.final_state}")
+    if shown is not None:
+        for line in console.summary(shown, layout):
+            print(line)
     if result.gate_passed is False:
         print("quality gate FAILED (see the gate report)")
     return 0 if result.succeeded else 1
@@ -287,6 +295,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     run = sub.add_parser("run", help="run the main job locally with a config")
     _config_args(run)
+    run.add_argument(
+        "--verbose", action="store_true", help="show kfp.local's whole output (default: logs/)"
+    )
     run.set_defaults(func=_cmd_run)
 
     for name, func, text in (

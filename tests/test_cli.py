@@ -57,6 +57,22 @@ def test_run_executes_the_pipeline_and_exits_by_its_outcome(passing_run):
     assert (run / "report.html").exists() and (run / "train" / "learning_curve.png").exists()
 
 
+LINE_BUDGET = 40  # a successful `asyncrl run` without a terminal (issue 19)
+
+
+@pytest.mark.entry
+def test_run_prints_a_short_transcript_and_logs_the_rest_per_stage(passing_run):
+    lines = passing_run.output.splitlines()
+    assert len(lines) <= LINE_BUDGET, passing_run.output
+    assert lines[0].startswith("asyncrl run passing · config configs/local.yaml")
+    ended = [line.split()[1] for line in lines if line.startswith("✓ ")]
+    logs = passing_run.folder / "runs" / "passing" / "logs"
+    assert ended and all((logs / f"{task}.log").stat().st_size > 0 for task in ended)
+    assert "executor_input" not in passing_run.output  # kfp.local's JSON went to the logs
+    assert "executor_input" in (logs / "train.log").read_text()
+    assert "pipeline SUCCEEDED" in lines
+
+
 def test_rollout_server_takes_the_same_flags_as_the_replica_module():
     import argparse
 
