@@ -1,5 +1,7 @@
 """A toy bandit: from a random micro model, each loss learns to answer from the rewarded half of
-the vocabulary (sync: sample with the current weights, then one step)."""
+the vocabulary, on-policy (sync) and from samples one policy version old (async), with the default
+learner settings otherwise (k3 KL to the initial weights included). Success is the sampling
+policy's expected reward (its probability of a rewarded id, averaged over positions)."""
 
 import functools
 
@@ -19,10 +21,14 @@ GOOD = VOCAB // 2  # a response token earns its share of the reward when its id 
 PROMPTS = 8  # groups per step
 GROUP = 4
 PROMPT_LEN, RESPONSE_LEN = 4, 3
+SEQ = 8  # the learner's row length: prompt and response fit
 TARGET, MAX_STEPS = 0.95, 30
 
 
-@functools.partial(jax.jit, static_argnames="graphdef")
+# Compiled once and run on tiny arrays: XLA's backend optimisations cost more than they save.
+@functools.partial(
+    jax.jit, static_argnames="graphdef", compiler_options={"xla_backend_optimization_level": 0}
+)
 def _sample(graphdef, params, rest, prompts, key):
     """Responses drawn token by token at temperature 1 over the sampleable ids.
 
@@ -44,7 +50,7 @@ def _sample(graphdef, params, rest, prompts, key):
     return seq, jnp.stack(logps, 1), jnp.stack(good, 1)
 
 
-def _groups(seq, logp, prompts_per_step) -> list[Group]:
+def _groups(seq, logp, prompts_per_step, version) -> list[Group]:
     groups = []
     for g in range(prompts_per_step):
         members = []
@@ -59,7 +65,7 @@ def _groups(seq, logp, prompts_per_step) -> list[Group]:
                     tokens=tuple(int(x) for x in seq[row]),
                     loss_mask=(0,) * PROMPT_LEN + (1,) * RESPONSE_LEN,
                     logprobs=(0.0,) * PROMPT_LEN + tuple(float(x) for x in logp[row]),
-                    versions=(-1,) * PROMPT_LEN + (0,) * RESPONSE_LEN,
+                    versions=(-1,) * PROMPT_LEN + (version,) * RESPONSE_LEN,
                     reward=float(np.mean([t < GOOD for t in response])),
                 )
             )
@@ -69,16 +75,22 @@ def _groups(seq, logp, prompts_per_step) -> list[Group]:
     return groups
 
 
-@pytest.mark.parametrize(
-    ("loss", "clip_against", "minibatches"),
-    [
-        ("grpo", "behaviour", 1),
-        ("dr_grpo", "behaviour", 1),
-        ("dapo", "proximal", 2),  # decoupled PPO (AReaL): two updates per batch
-        ("gspo", "behaviour", 1),
-    ],
-)
-def test_each_loss_solves_the_bandit_from_a_random_model(loss, clip_against, minibatches):
+# Each loss as the papers run it; dapo through decoupled PPO (AReaL): two updates per batch.
+SETTINGS = {
+    "grpo": ("behaviour", 1),
+    "dr_grpo": ("behaviour", 1),
+    "dapo": ("proximal", 2),
+    "gspo": ("behaviour", 1),
+}
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+@pytest.mark.parametrize("loss", list(SETTINGS))
+def test_each_loss_solves_the_bandit_from_a_random_model(loss, mode):
+    """sync: sample with the current weights, then one step. async: every batch was sampled by
+    the weights of one version before the learner's (lag 1, as `max_staleness=1` allows), so the
+    learner trains off-policy throughout; the reward counted is that of the lagged samples."""
+    clip_against, minibatches = SETTINGS[loss]
     cfg = micro_config(
         f"learner.loss={loss}",
         f"learner.clip_against={clip_against}",
@@ -86,26 +98,40 @@ def test_each_loss_solves_the_bandit_from_a_random_model(loss, clip_against, min
         f"learner.batch_size={PROMPTS * GROUP}",
         "learner.lr=1e-2",
     )
-    learner = Learner(build_model(cfg.model, seed=0), cfg.learner, max_len=64, vocab_limit=VOCAB)
+    lag = 1 if mode == "async" else 0
+    learner = Learner(build_model(cfg.model, seed=0), cfg.learner, max_len=SEQ, vocab_limit=VOCAB)
     rng = np.random.default_rng(0)
     prompts = jnp.asarray(np.repeat(rng.integers(1, VOCAB, (PROMPTS, PROMPT_LEN)), GROUP, 0))
     key = jax.random.key(0)
-    expected, clip_fracs = [], []
+    versions = [learner.params_copy()]  # versions[v]: the weights after v steps
+    expected, clip_fracs, lags = [], [], []
     for step in range(MAX_STEPS):
-        params = learner.state.params
+        sampler = max(step - lag, 0)  # the version that samples this step's batch
         seq, logp, good = _sample(
-            learner.graphdef, params, learner.rest, prompts, jax.random.fold_in(key, step)
+            learner.graphdef,
+            versions[sampler],
+            learner.rest,
+            prompts,
+            jax.random.fold_in(key, step),
         )
         expected.append(float(good.mean()))
         if expected[-1] >= TARGET:
             break
-        groups = _groups(np.asarray(seq), np.asarray(logp), PROMPTS)
+        groups = _groups(np.asarray(seq), np.asarray(logp), PROMPTS, sampler)
         metrics = learner.rl_step(learner.batch_from_groups(groups))
         clip_fracs.append(metrics["clip_frac"])
+        lags.append(step - sampler)
+        versions.append(learner.params_copy())
     assert expected[0] < 0.6, "the random model starts near chance"
-    assert expected[-1] >= TARGET, f"{loss}: expected reward per step {np.round(expected, 3)}"
+    assert expected[-1] >= TARGET, (
+        f"{loss}/{mode}: expected reward per step {np.round(expected, 3)}"
+    )
     assert learner.step == len(clip_fracs) and metrics["lr"] == pytest.approx(1e-2)
-    if minibatches == 1:  # sync and on-policy: the ratio to the behaviour policy stays 1
+    # The default objective keeps the initial weights and pays k3 KL to them on every step.
+    assert cfg.learner.kl_coef > 0 and learner.reference is not None and metrics["kl"] > 0
+    if mode == "async":  # off-policy by a version on every step after the first
+        assert lags[0] == 0 and set(lags[1:]) == {1}
+    if mode == "sync" and minibatches == 1:  # on-policy: the ratio to the behaviour policy is 1
         assert max(clip_fracs) == 0.0
-    else:  # the second update of a batch moves away from the proximal policy: the clip acts
+    else:  # stale samples, or the second update of a batch: the trust region acts
         assert max(clip_fracs) > 0.0

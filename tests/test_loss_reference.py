@@ -149,11 +149,10 @@ def _settings(name, against, correction, token_norm, kl=None):
     )
 
 
-@functools.cache
-def _jitted(s: LossSettings):
-    """The learner's loss and its gradient in ℓ, compiled once per configuration."""
+def _loss_and_grad(s: LossSettings, logp, behaviour, proximal, ref, mask, adv):
+    """The learner's loss and its gradient in ℓ."""
 
-    def loss_of(logp, behaviour, proximal, ref, mask, adv):
+    def loss_of(logp):
         inputs = LossInputs(
             logp=logp,
             behaviour=behaviour,
@@ -166,13 +165,47 @@ def _jitted(s: LossSettings):
         )
         return policy_loss(inputs, s)[0]
 
-    return jax.jit(jax.value_and_grad(loss_of))
+    return jax.value_and_grad(loss_of)(logp)
 
 
-def learner_loss(x: Ragged, s: LossSettings):
+LOSSES = ["grpo", "dr_grpo", "dapo", "gspo"]
+CASES = list(itertools.product(LOSSES, ["behaviour", "proximal"], ["none", "tis", "mis"]))
+KL_CASES = list(itertools.product(LOSSES, ["k1", "k3"]))
+KL = 0.3
+
+
+def _every_setting() -> tuple[LossSettings, ...]:
+    plain = [_settings(*case, norm) for case in CASES for norm in (False, True)]
+    kl = [
+        _settings(name, "behaviour", "tis", norm, (KL, estimator))
+        for name, estimator in KL_CASES
+        for norm in (False, True)
+    ]
+    return (*plain, *kl)
+
+
+# Test-local jits run a few times on small arrays: their compile time is what costs, so XLA's
+# backend optimisations are off (about half the compile time here; the same HLO, so the same math).
+QUICK = {"xla_backend_optimization_level": 0}
+
+
+@functools.partial(jax.jit, static_argnums=0, compiler_options=QUICK)
+def _all_losses(settings: tuple[LossSettings, ...], *arrays):
+    # Every configuration in one compilation: one XLA module costs far less than 64 small ones.
+    return [_loss_and_grad(s, *arrays) for s in settings]
+
+
+@functools.cache
+def _learner_losses(seed: int) -> dict[LossSettings, tuple[float, np.ndarray]]:
+    """The jitted learner loss and gradient of every configuration on `ragged(seed)`."""
+    x = ragged(seed)
     fields = ("logp", "behaviour", "proximal", "ref", "mask", "adv")
-    loss, grad = _jitted(s)(*(jnp.asarray(getattr(x, f), jnp.float32) for f in fields))
-    return float(loss), np.asarray(grad, np.float64)
+    settings = _every_setting()
+    out = _all_losses(settings, *(jnp.asarray(getattr(x, f), jnp.float32) for f in fields))
+    return {
+        s: (float(loss), np.asarray(grad, np.float64))
+        for s, (loss, grad) in zip(settings, out, strict=True)
+    }
 
 
 def _agree(expected, actual):
@@ -180,30 +213,22 @@ def _agree(expected, actual):
     np.testing.assert_allclose(actual, expected, rtol=0, atol=REF_TOL * scale)
 
 
-CASES = list(
-    itertools.product(
-        ["grpo", "dr_grpo", "dapo", "gspo"], ["behaviour", "proximal"], ["none", "tis", "mis"]
-    )
-)
-
-
 @pytest.mark.parametrize(("name", "against", "correction"), CASES)
 def test_loss_and_gradient_match_the_reference(name, against, correction):
     for seed, token_norm in itertools.product(SEEDS, (False, True)):
         x = ragged(seed)
-        loss, grad = learner_loss(x, _settings(name, against, correction, token_norm))
+        loss, grad = _learner_losses(seed)[_settings(name, against, correction, token_norm)]
         ref_loss, ref_grad = reference(x, name, against, correction, token_norm)
         _agree(ref_loss, loss)
         _agree(ref_grad, grad)
         assert np.all(grad[x.mask == 0] == 0)
 
 
-@pytest.mark.parametrize("estimator", ["k1", "k3"])
-@pytest.mark.parametrize("name", ["grpo", "dr_grpo", "dapo", "gspo"])
+@pytest.mark.parametrize(("name", "estimator"), KL_CASES)
 def test_kl_penalty_matches_the_reference(name, estimator):
     for seed, token_norm in itertools.product(SEEDS, (False, True)):
-        x, kl = ragged(seed), (0.3, estimator)
-        loss, grad = learner_loss(x, _settings(name, "behaviour", "tis", token_norm, kl))
+        x, kl = ragged(seed), (KL, estimator)
+        loss, grad = _learner_losses(seed)[_settings(name, "behaviour", "tis", token_norm, kl)]
         ref_loss, ref_grad = reference(x, name, "behaviour", "tis", token_norm, kl)
         _agree(ref_loss, loss)
         _agree(ref_grad, grad)
@@ -267,7 +292,7 @@ def _step_learner():
         "learner.kl_coef=0.3",
         "learner.lr=3e-2",
     )
-    learner = Learner(build_model(cfg.model, seed=1), cfg.learner, max_len=256, vocab_limit=272)
+    learner = Learner(build_model(cfg.model, seed=1), cfg.learner, max_len=64, vocab_limit=272)
     batch = learner.batch_from_groups(_trajectory_groups(), rows=3)
     assert batch.inputs.shape[0] == 3  # ragged rows over three micro-batches, one part-empty
     return learner, batch
@@ -290,7 +315,7 @@ def test_the_learner_step_matches_the_reference_over_micro_batches():
     learner, batch = _step_learner()
     learner.rl_step(batch)  # moves the policy away from the reference
 
-    @jax.jit
+    @functools.partial(jax.jit, compiler_options=QUICK)
     def chain_rule_norm(params, d_logp):  # ‖Σ_t ∂L/∂ℓ_t · ∂ℓ_t/∂θ‖
         def scored(p):
             def one(mb):

@@ -61,8 +61,12 @@ class LearnerConfig:
     token_level_norm: bool = False
     # Advantage normalisation: divide by the group's std, the batch's std, or not at all.
     advantage_scaling: AdvantageScaling = "group"
-    # Weight of the KL penalty to a frozen reference policy (0 = no reference kept).
-    kl_coef: float = 0.0
+    # Weight of the KL penalty to a frozen reference policy, the model training starts from (the
+    # warm start); 0 = none, and no reference copy is kept. 0.1 (k3): an audit of the demo (issue
+    # 18) found it stops the entropy blow-up and format loss of lr 1e-4 without the KL; on the toy
+    # bandit (tests/test_bandit.py, lr 1e-2) it holds entropy at 3.3 nats where none collapses to
+    # 1.1, and still reaches 0.95 reward in 22 steps (none: 17; 0.05: 18; 0.3: not in 40).
+    kl_coef: float = 0.1
     kl_estimator: KLEstimator = "k3"
     # Correction for the gap between the rollout policy and the learner's, with cap `is_cap`:
     # clip_against=behaviour: "tis" truncates the ratio at is_cap (dual-clip PPO), "mis" masks
