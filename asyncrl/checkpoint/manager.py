@@ -11,6 +11,12 @@ step is mirrored with `google-cloud-storage`, object by object, with a `COMMIT` 
 a step without `COMMIT` (an upload cut short) is ignored and deleted. Restore downloads the newest
 committed step into staging and restores it with Orbax. Restores check the digest (a corrupted
 checkpoint is an error, not a silently different model) and the config's compatibility.
+
+On a trainer spanning several hosts every process makes the same calls in the same order (Orbax's
+multi-host path: each process writes its own shards, process 0 the metadata and the JSON item), the
+digest gathers arrays spread over processes (a collective), and the location must be a folder
+every host sees (the run folder, on Cloud Storage FUSE in a JobSet): the gs:// mirror stages on
+one host's disk, so it is refused there.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from absl import logging as absl_logging
 from jax.sharding import NamedSharding
 
 from asyncrl import storage
+from asyncrl.learner.lockstep import whole
 from asyncrl.learner.step import TrainState
 
 COMMIT = "COMMIT"
@@ -82,8 +89,9 @@ def unflatten(template: Any, flat: Mapping[str, Any]) -> Any:
 def digest(flat: Mapping[str, Any]) -> str:
     """SHA-256 over every array's name, dtype, shape and bytes (in name order)."""
     h = hashlib.sha256()
+    flat = whole(dict(flat))
     for name in sorted(flat):
-        a = np.asarray(flat[name])
+        a = flat[name]
         h.update(f"{name}:{a.dtype}:{a.shape}".encode())
         h.update(np.ascontiguousarray(a).tobytes())
     return h.hexdigest()
@@ -100,6 +108,12 @@ class Checkpointer:
     ) -> None:
         self.uri = uri
         self.remote = storage.is_gcs(uri)
+        if self.remote and jax.process_count() > 1:
+            raise CheckpointError(
+                f"checkpoint.dir: {uri!r:.200} on a multi-host trainer; allowed: a folder every "
+                "host sees, such as the run folder (Cloud Storage FUSE in a JobSet), since the "
+                "gs:// mirror stages each step on one host's disk"
+            )
         if self.remote:
             self._staging = staging or Path(tempfile.mkdtemp(prefix="asyncrl-ckpt-"))
             local = self._staging

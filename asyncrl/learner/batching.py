@@ -87,35 +87,42 @@ def build_batch(
     if n_micro > n:
         raise ValueError(f"{rows} rows per micro-batch leave a mini-batch without trajectories")
     bins = assign_rows([len(t.tokens) for t in trajectories], n_micro, rows)
-    shape = (n_micro, rows, width)
-    arrays = {
-        "inputs": np.zeros(shape, np.int32),
-        "targets": np.zeros(shape, np.int32),
-        "valid": np.zeros(shape, bool),
-        "mask": np.zeros(shape, np.float32),
-        "behaviour": np.zeros(shape, np.float32),
-    }
-    adv = np.zeros((n_micro, rows), np.float32)
+    batch = empty_batch((n_micro, rows, width))
     for m, members in enumerate(bins):
         for r, i in enumerate(members):
             traj, n = trajectories[i], len(trajectories[i].tokens) - 1
             if n < 1:  # fewer than two tokens: no target to predict, the row stays padding
                 continue
             tokens = np.asarray(traj.tokens, np.int32)
-            arrays["inputs"][m, r, :n] = tokens[:-1]
-            arrays["targets"][m, r, :n] = tokens[1:]
-            arrays["valid"][m, r, :n] = True
+            batch.inputs[m, r, :n] = tokens[:-1]
+            batch.targets[m, r, :n] = tokens[1:]
+            batch.valid[m, r, :n] = True
             if not (mask_truncated and traj.status in TRUNCATED):
-                arrays["mask"][m, r, :n] = np.asarray(traj.loss_mask[1:], np.float32)
-            arrays["behaviour"][m, r, :n] = np.asarray(traj.logprobs[1:], np.float32)
-            adv[m, r] = advantages[i]
-    counted = arrays["mask"].sum(-1) > 0
-    positions = np.broadcast_to(np.arange(width, dtype=np.int32), shape)
-    return TrainBatch(
-        positions=np.ascontiguousarray(positions),
-        advantages=adv,
+                batch.mask[m, r, :n] = np.asarray(traj.loss_mask[1:], np.float32)
+            batch.behaviour[m, r, :n] = np.asarray(traj.logprobs[1:], np.float32)
+            batch.advantages[m, r] = advantages[i]
+    counted = batch.mask.sum(-1) > 0
+    return batch.replace(
         n_sequences=np.float32(max(counted.sum(), 1)),
-        n_tokens=np.float32(arrays["mask"].sum()),
+        n_tokens=np.float32(batch.mask.sum()),
         no_signal_share=np.float32(no_signal_share),
-        **arrays,
+    )
+
+
+def empty_batch(shape: tuple[int, int, int]) -> TrainBatch:
+    """M x R x T of padding (host arrays, no counted token): what `build_batch` fills in, and
+    what a follower process receives a batch into (`learner/lockstep.py`)."""
+    m, r, t = shape
+    positions = np.broadcast_to(np.arange(t, dtype=np.int32), shape)
+    return TrainBatch(
+        inputs=np.zeros(shape, np.int32),
+        targets=np.zeros(shape, np.int32),
+        positions=np.ascontiguousarray(positions),
+        valid=np.zeros(shape, bool),
+        mask=np.zeros(shape, np.float32),
+        behaviour=np.zeros(shape, np.float32),
+        advantages=np.zeros((m, r), np.float32),
+        n_sequences=np.float32(1),
+        n_tokens=np.float32(0),
+        no_signal_share=np.float32(0),
     )

@@ -4,6 +4,11 @@ Effects live here (device placement, the donated state); the math lives in `step
 `losses.py`, `advantages.py` and `batching.py`. `params_copy()` is what a publisher sends: a copy,
 because the next step donates the state's buffers.
 
+On a trainer spanning several hosts every process holds a `Learner` on the global mesh; its
+`lockstep` (`learner/lockstep.py`) announces each train step (with its batch) and each parameter
+gather to the other processes before running it, and `params_copy()` brings the parameters whole
+onto every host. Alone (the default), nothing is announced and nothing changes.
+
 `vocab_limit` (the ids the engine may sample) and `temperature` (the rollout's) make the learner
 score exactly the distribution the engine sampled from: give it the engine's values.
 """
@@ -22,6 +27,7 @@ from asyncrl.config.learner import LearnerConfig
 from asyncrl.config.warm_start import WarmStartConfig
 from asyncrl.learner.advantages import group_advantages, has_signal
 from asyncrl.learner.batching import TrainBatch, build_batch
+from asyncrl.learner.lockstep import Alone, Command, Lockstep, Op
 from asyncrl.learner.losses import LossSettings
 from asyncrl.learner.optimizer import OptimizerSettings, make_optimizer
 from asyncrl.learner.step import (
@@ -49,10 +55,13 @@ class Learner:
         sft: WarmStartConfig | None = None,
         vocab_limit: int | None = None,
         temperature: float = 1.0,
+        lockstep: Lockstep | None = None,
     ) -> None:
         """`vocab_limit`: the engine's (None = every row of the model); `temperature`: the
-        rollout's (0 = greedy, whose recorded log-probs the engine takes at temperature 1)."""
+        rollout's (0 = greedy, whose recorded log-probs the engine takes at temperature 1);
+        `lockstep`: how this process keeps step with the trainer's others (default: alone)."""
         self.cfg, self.max_len, self.mesh = cfg, max_len, mesh
+        self.lockstep = lockstep or Alone()
         if vocab_limit is not None and not 0 < vocab_limit <= model.cfg.vocab_size:
             raise ValueError(f"vocab_limit={vocab_limit} is not in [1, {model.cfg.vocab_size}]")
         if temperature < 0:
@@ -61,6 +70,7 @@ class Learner:
         if mesh is not None:
             shard_model(model, mesh)
         self.graphdef, params, self.rest = nnx.split(model, nnx.Param, ...)
+        self._rest_whole = self.lockstep.gather(self.rest)  # what `model()` merges (every host)
         if sft is not None:
             settings = OptimizerSettings.sft(sft)
         else:  # the schedule counts optimizer updates: `minibatches` per RL step
@@ -123,6 +133,7 @@ class Learner:
         Its metrics include entropy, clip_frac, kl (to the reference, when one is kept),
         kl_behaviour (to the rollout policy) and no_signal_share.
         """
+        self.lockstep.announce(Command(op=Op.STEP, batch=batch))
         self.state, metrics = self._rl_step(self.state, self._place(batch), self.reference)
         if on_dispatch is not None:
             on_dispatch(self.step)
@@ -140,11 +151,13 @@ class Learner:
         return np.asarray(score_batch(params, self.rest, placed, c=self._score_config))
 
     def params_copy(self) -> nnx.State:
-        return copy_state(self.state.params)
+        """The parameters, whole on this host (gathered from every process when several)."""
+        self.lockstep.announce(Command(op=Op.PARAMS))
+        return self.lockstep.gather(self.state.params)
 
     def model(self) -> Transformer:
         """A model with the current parameters (a copy: safe across later steps)."""
-        return nnx.merge(self.graphdef, self.params_copy(), self.rest)
+        return nnx.merge(self.graphdef, self.params_copy(), self._rest_whole)
 
     def _check_sampleable(self, trajectories: Sequence[Trajectory]) -> None:
         """A sampled token the engine could not have sampled means mismatched vocabularies."""

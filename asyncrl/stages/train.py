@@ -16,10 +16,11 @@ import time
 from dataclasses import dataclass
 from typing import ClassVar
 
-from asyncrl import tracing
-from asyncrl.checkpoint.manager import Checkpointer, digest, flatten
+from asyncrl import records, tracing
+from asyncrl.checkpoint.manager import Checkpointer
 from asyncrl.config import RunConfig
 from asyncrl.learner.learner import Learner
+from asyncrl.learner.lockstep import of_processes
 from asyncrl.learner.state import LoopState
 from asyncrl.metrics.plots import lag_histogram, learning_curve, queue_occupancy, reward_curve
 from asyncrl.metrics.tracker import JsonlTracker, TensorBoardTracker, Tracker, Trackers
@@ -27,11 +28,11 @@ from asyncrl.model import build_model
 from asyncrl.model import hf_checkpoint as hf
 from asyncrl.run_layout import RunLayout, Stage
 from asyncrl.sampling.protocol import RolloutEngine
-from asyncrl.wiring import faults
+from asyncrl.wiring import faults, lockstep
 from asyncrl.wiring.devices import Placement, make_placement
 from asyncrl.wiring.episodes import Wiring
 from asyncrl.wiring.train_run import TrainRun
-from asyncrl.wiring.training import local_engine, remote_engine, resume
+from asyncrl.wiring.training import local_engine, note_restored, remote_engine, resume
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -59,7 +60,12 @@ def checkpoint_uri(cfg: RunConfig, layout: RunLayout) -> str:
 
 
 def train(cfg: RunConfig, layout: RunLayout, init_model: str | None = None) -> TrainResult:
-    """Train (or resume, when the run's checkpoint location holds a complete checkpoint)."""
+    """Train (or resume, when the run's checkpoint location holds a complete checkpoint).
+
+    On a trainer of several processes (`jax.distributed` joined by the caller) every process
+    calls this: they build the learner and restore together, then process 0 trains and the others
+    follow its steps (`wiring/lockstep.py`); every process returns the run's result.
+    """
     start = time.monotonic()
     layout.dir(Stage.TRAIN).mkdir(parents=True, exist_ok=True)
     placement = make_placement(cfg)
@@ -74,10 +80,28 @@ def train(cfg: RunConfig, layout: RunLayout, init_model: str | None = None) -> T
         stack.callback(checkpointer.close)
         learner = _learner(cfg, wiring, placement, source)
         record = resume(checkpointer, learner, cfg)
-        if learner.step:  # what was restored, for the recovery test and the operator
-            restored = {"step": learner.step, "version": record.state.version}
-            restored["digest"] = digest(flatten(learner.state))  # computed afresh, not copied
-            layout.write_text(layout.resume_record, json.dumps(restored) + "\n")
+        note_restored(layout, learner, record)
+        if not learner.lockstep.leader:  # process 0's steps, until it stops with the result
+            text = lockstep.follow(learner, checkpointer)
+            return records.decode(TrainResult, json.loads(text), "process 0's train result")
+        try:
+            state, evals = _lead(
+                cfg, wiring, layout, learner, checkpointer, placement, record, source
+            )
+            hf.save(learner.model(), str(layout.train_model))
+        except BaseException:
+            lockstep.stop(learner)  # the followers stop waiting for a step that never comes
+            raise
+        result = _result(layout, learner, state, evals, time.monotonic() - start)
+        layout.write(result)
+        lockstep.stop(learner, json.dumps(records.encode(result)))
+    return result
+
+
+def _lead(cfg, wiring, layout, learner, checkpointer, placement, record, source):
+    """Process 0's part (all of it alone): the engine, the tracker and the loop; returns the loop's
+    state and the evaluations."""
+    with contextlib.ExitStack() as stack:
         engine = _engine(cfg, wiring, layout, learner, placement, source, stack)
         if record.state.version:
             engine.publish(learner.params_copy(), record.state.version)
@@ -97,10 +121,7 @@ def train(cfg: RunConfig, layout: RunLayout, init_model: str | None = None) -> T
         run.evals.extend(record.evals)
         with tracing.tracing(_tracer(cfg, layout)):
             state = asyncio.run(run.main(record.state))
-    hf.save(learner.model(), str(layout.train_model))
-    result = _result(layout, learner, state, run.evals, time.monotonic() - start)
-    layout.write(result)
-    return result
+    return state, run.evals
 
 
 def _learner(cfg: RunConfig, wiring: Wiring, placement: Placement, source: str | None) -> Learner:
@@ -115,6 +136,7 @@ def _learner(cfg: RunConfig, wiring: Wiring, placement: Placement, source: str |
         mesh=placement.train_mesh,
         vocab_limit=tokenizer_vocab,
         temperature=cfg.rollout.temperature,  # score the distribution the engine sampled from
+        lockstep=of_processes(),
     )
 
 

@@ -2,7 +2,9 @@
 
 The one place that reads the device list. `colocated`: both on all devices, with a lock that
 pauses decoding during a train step. `disaggregated`: disjoint device sets (the first
-`rollout_devices` for the engine, the rest for the learner). On CPU the devices are virtual
+`rollout_devices` for the engine, the rest for the learner), on one host only. On a multi-host
+trainer the train mesh spans every process's devices and a local engine (colocated) lives on
+process 0's first device. On CPU the devices are virtual
 (`XLA_FLAGS=--xla_force_host_platform_device_count=N`), set by `ensure_host_devices` before JAX
 starts.
 """
@@ -47,8 +49,14 @@ def make_placement(cfg: RunConfig) -> Placement:
 
     from asyncrl.model.sharding import make_mesh
 
-    devices = jax.devices()
+    devices = jax.devices()  # every process's: a multi-host trainer's mesh spans the slice
     c = cfg.cluster
+    if c.placement == "disaggregated" and jax.process_count() > 1:
+        raise ValueError(
+            "cluster.placement 'disaggregated' splits one host's devices; on a trainer of "
+            f"{jax.process_count()} hosts use 'remote' (rollout replicas in their own pods) or "
+            "'colocated'"
+        )
     if c.placement in ("colocated", "remote"):
         n = c.train_devices or len(devices)
         train = rollout = tuple(devices[:n])

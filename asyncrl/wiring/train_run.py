@@ -5,17 +5,15 @@ hooks of a `TrainingLoop`.
 loop with a counter sampler beside it, evaluates the final policy, saves the last checkpoint and
 waits for it. The loop calls `after_step` (evaluate / save every N steps, progress line) and
 `at_phase` (the stage's fault point, if any). Saving is skipped when the learner has not stepped
-since the last save, so a restored state is never written back as new. It reads no environment and
-writes no files besides the checkpointer's.
+since the last save, so a restored state is never written back as new. Saves and waits go through
+`wiring/lockstep.py`, so on a multi-host trainer (this is process 0) every process takes part. It
+reads no environment and writes no files besides the checkpointer's.
 """
 
 from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
-
-import jax
-import jax.numpy as jnp
 
 from asyncrl import tracing
 from asyncrl.checkpoint.manager import Checkpointer
@@ -29,6 +27,7 @@ from asyncrl.metrics.progress import Progress
 from asyncrl.metrics.tracker import Tracker
 from asyncrl.sampling.protocol import RolloutEngine
 from asyncrl.tracing.counters import CounterSampler
+from asyncrl.wiring import lockstep
 from asyncrl.wiring.devices import Placement
 from asyncrl.wiring.episodes import Wiring
 from asyncrl.wiring.training import rollout_plan, training_tasks
@@ -92,10 +91,8 @@ class TrainRun:
             return
         self.saved_step = step
         record = TrainRecord.of(state, tuple(self.evals), self.cfg)
-        # A copy: the next train step donates the learner's buffers while Orbax still writes.
         with tracing.span("checkpointer", "checkpoint save", {"step": step}):
-            snapshot = jax.tree.map(jnp.copy, self.learner.state)
-            self.checkpointer.save(snapshot, record.to_json())
+            lockstep.save(self.learner, self.checkpointer, record.to_json())
         self.at_phase(Phase.CHECKPOINT, step)  # Orbax writing in the background
 
     async def main(self, restored: LoopState) -> LoopState:
@@ -125,6 +122,6 @@ class TrainRun:
             await self.evaluate(self.learner.step)
         self.save(state)
         with tracing.span("checkpointer", "checkpoint finalize"):
-            self.checkpointer.wait()
+            lockstep.wait(self.learner, self.checkpointer)
         self.progress.close()
         return state

@@ -6,10 +6,11 @@ so tests and benchmarks build exactly the loop that the train stage runs.
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
-from asyncrl.checkpoint.manager import Checkpointer, CheckpointError
+from asyncrl.checkpoint.manager import Checkpointer, CheckpointError, digest, flatten
 from asyncrl.checkpoint.train_record import TrainRecord, incompatibilities
 from asyncrl.config import RunConfig, to_yaml
 from asyncrl.envs.tasks import EpochOrder, task_stream
@@ -69,6 +70,17 @@ def resume(checkpointer: Checkpointer, learner: Learner, cfg: RunConfig) -> Trai
         )
     learner.state, _ = checkpointer.restore(learner.state, step)
     return saved
+
+
+def note_restored(layout: RunLayout, learner: Learner, record: TrainRecord) -> None:
+    """Write what was restored (step, version, digest of the state) for the recovery test and
+    the operator. Every process calls it (the digest gathers across hosts); process 0 writes."""
+    if not learner.step:
+        return
+    restored = {"step": learner.step, "version": record.state.version}
+    restored["digest"] = digest(flatten(learner.state))  # computed afresh, not copied
+    if learner.lockstep.leader:
+        layout.write_text(layout.resume_record, json.dumps(restored) + "\n")
 
 
 def local_engine(wiring: Wiring, learner: Learner, placement: Placement) -> RolloutEngine:
