@@ -1,11 +1,11 @@
 """GKE TPU node pools with the `google-cloud-container` client: create or reuse, wait, delete.
 
-`node_pool_request(cfg)` is pure: the machine type and node count for the slice (hosts × chips per
-host), compact placement with the TPU topology, spot capacity or a named reservation, TPU taints
-are GKE's own. `provision_node_pool` reuses a pool of that name when it exists (recording that it
-did not create it, so teardown leaves it alone), otherwise creates it and waits until it is
-RUNNING. Errors name the cause: quota, permission, an unknown topology. `dry_run` returns the
-request without sending it.
+`node_pool_request(cfg)` is pure: the machine type and node count (hosts) of the slice from the one
+table of GKE TPU slices (config/topology.py), compact placement with the TPU topology, spot
+capacity or a named reservation, TPU taints are GKE's own. `provision_node_pool` reuses a pool of
+that name when it exists (recording that it did not create it, so teardown leaves it alone),
+otherwise creates it and waits until it is RUNNING. Errors name the cause: quota, permission, an
+unknown topology. `dry_run` returns the request without sending it.
 """
 
 from __future__ import annotations
@@ -14,17 +14,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from asyncrl.cloud.jobset import slice_shape
 from asyncrl.config import RunConfig
+from asyncrl.config.topology import slice_of
 from asyncrl.stages.provision import Resource
-
-MACHINE = {"v5e": "ct5lp-hightpu-4t", "v5p": "ct5p-hightpu-4t", "v6e": "ct6e-standard-4t"}
-# Slice topologies GKE offers per generation (multi-host ones included).
-TOPOLOGIES = {
-    "v5e": {"1x1", "2x2", "2x4", "4x4", "4x8", "8x8", "8x16", "16x16"},
-    "v5p": {"2x2x1", "2x2x2", "2x2x4", "2x4x4", "4x4x4", "4x4x8"},
-    "v6e": {"1x1", "2x2", "2x4", "4x4", "4x8", "8x8", "8x16", "16x16"},
-}
 
 
 class ProvisionError(RuntimeError):
@@ -33,15 +25,12 @@ class ProvisionError(RuntimeError):
 
 def node_pool_request(cfg: RunConfig) -> dict[str, Any]:
     c = cfg.cluster
-    if c.tpu_topology not in TOPOLOGIES.get(c.tpu_type, ()):
-        known = ", ".join(sorted(TOPOLOGIES.get(c.tpu_type, ()))) or "none"
-        raise ProvisionError(
-            f"cluster.tpu_topology {c.tpu_topology!r} is not a {c.tpu_type} slice GKE offers; "
-            f"known: {known}"
-        )
-    hosts, _ = slice_shape(c.tpu_type, c.tpu_topology)
+    try:
+        tpu = slice_of(c.tpu_type, c.tpu_topology)
+    except ValueError as e:
+        raise ProvisionError(f"cluster.tpu_topology: {e}") from None
     config: dict[str, Any] = {
-        "machine_type": MACHINE[c.tpu_type],
+        "machine_type": tpu.machine_type,
         "spot": c.spot,
         "service_account": f"{c.service_account}@{c.project}.iam.gserviceaccount.com",
         "oauth_scopes": ["https://www.googleapis.com/auth/cloud-platform"],
@@ -58,7 +47,7 @@ def node_pool_request(cfg: RunConfig) -> dict[str, Any]:
         "parent": f"projects/{c.project}/locations/{c.location}/clusters/{c.cluster_name}",
         "node_pool": {
             "name": c.node_pool,
-            "initial_node_count": hosts,
+            "initial_node_count": tpu.hosts,
             "config": config,
             "placement_policy": {"type_": "COMPACT", "tpu_topology": c.tpu_topology},
             "management": {"auto_repair": True, "auto_upgrade": False},

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from asyncrl.config.errors import ConfigError, abbreviate, bounds, require, seconds
+from asyncrl.config.topology import find, slice_of, topologies
 
 Placement = Literal["colocated", "disaggregated", "remote"]
 Backend = Literal["local", "gke"]
@@ -89,7 +90,9 @@ class ClusterConfig:
     mesh_data: int = 1
     mesh_fsdp: int = -1
     mesh_tensor: int = 1
-    # TPU generation and slice topology for GKE ("2x4" on v6e is 8 chips).
+    # TPU generation and slice topology for GKE, a pair of config/topology.py's table, which gives
+    # the machine type, chips per host and hosts ("2x4" on v6e: one host of 8 chips; "4x4": four
+    # hosts of 4, a multi-host trainer).
     tpu_type: TpuType = "none"
     tpu_topology: str = ""
     # Rollout replicas (separate processes or pods) when placement is "remote".
@@ -154,6 +157,28 @@ class ClusterConfig:
                 value = getattr(self, name)
                 require(bool(value), name, value, "a non-empty value when backend is 'gke'")
             require(self.tpu_type != "none", "tpu_type", self.tpu_type, "v5e, v5p or v6e on gke")
+        if self.tpu_type != "none" and self.tpu_topology:
+            offered = ", ".join(topologies(self.tpu_type))
+            require(
+                find(self.tpu_type, self.tpu_topology) is not None,
+                "tpu_topology",
+                self.tpu_topology,
+                f"a {self.tpu_type} slice GKE offers (config/topology.py): {offered}",
+            )
+        require(
+            self.placement != "disaggregated" or self.hosts == 1,
+            "placement",
+            self.placement,
+            f"'remote' or 'colocated' on a {self.hosts}-host slice ('disaggregated' splits one "
+            "host's devices)",
+        )
+
+    @property
+    def hosts(self) -> int:
+        """Hosts of the TPU slice (trainer processes; config/topology.py); 1 without a TPU."""
+        if self.tpu_type == "none" or not self.tpu_topology:
+            return 1
+        return slice_of(self.tpu_type, self.tpu_topology).hosts
 
     def _check_rollout_serving(self) -> None:
         require(
