@@ -34,12 +34,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from asyncrl.config import RunConfig, to_yaml
+from asyncrl.config.topology import ACCELERATOR, slice_shape  # the one table of GKE TPU slices
 from asyncrl.serving.auth import TOKEN_ENV
 
 GROUP, VERSION, PLURAL = "jobset.x-k8s.io", "v1alpha2", "jobsets"
 NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
-ACCELERATOR = {"v5e": "tpu-v5-lite-podslice", "v5p": "tpu-v5p-slice", "v6e": "tpu-v6e-slice"}
-CHIPS_PER_HOST = {"v5e": 4, "v5p": 4, "v6e": 4}
 COORDINATOR_PORT = 8476
 # The TPU runtime's slice-builder port between the hosts of one multi-host slice (GKE's
 # multi-host TPU examples open it); pod-to-pod, since restricted pods may not use hostNetwork.
@@ -62,17 +61,6 @@ def jobset_name(run_id: str) -> str:
         digest = hashlib.sha256(run_id.encode()).hexdigest()[:8]
         name = f"{name[:31].rstrip('-')}-{digest}"
     return name
-
-
-def slice_shape(tpu_type: str, topology: str) -> tuple[int, int]:
-    """(hosts, chips per host) of a slice; raises ValueError for an unknown generation."""
-    if tpu_type not in CHIPS_PER_HOST:
-        raise ValueError(f"unknown TPU type {tpu_type!r}; known: {', '.join(CHIPS_PER_HOST)}")
-    chips = 1
-    for part in topology.split("x"):
-        chips *= int(part)
-    per_host = min(CHIPS_PER_HOST[tpu_type], chips)
-    return max(chips // per_host, 1), per_host
 
 
 def _stage_command(program: Sequence[str], extra: Sequence[str] = ()) -> list[str]:
