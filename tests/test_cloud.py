@@ -33,10 +33,9 @@ from asyncrl.cloud.launcher import JobSetRunner
 from asyncrl.cloud.provision import (
     ProvisionError,
     delete_node_pool,
-    node_pool_request,
     provision_node_pool,
 )
-from asyncrl.config import load_config
+from asyncrl.config import ConfigError, load_config
 from asyncrl.serving.auth import TOKEN_ENV
 from asyncrl.testing.gke_stub import gke_stub
 from asyncrl.testing.k8s import k8s_emulator
@@ -82,11 +81,11 @@ def test_rendered_jobset_validates_offline(overrides):
         kubernetes_validate.validate(job, K8S_VERSION, strict=True)
     jobs = {rj["name"]: rj for rj in jobset["spec"]["replicatedJobs"]}
     trainer = jobs["trainer"]["template"]["spec"]
-    assert trainer["parallelism"] == 2  # v6e 2x4: two hosts of four chips
+    assert trainer["parallelism"] == 1  # v6e 2x4: one host of eight chips (config/topology.py)
     container = trainer["template"]["spec"]["containers"][0]
-    assert container["resources"]["limits"] == {"google.com/tpu": "4"}
+    assert container["resources"]["limits"] == {"google.com/tpu": "8"}
     env = {e["name"]: e for e in container["env"]}
-    assert env["JAX_NUM_PROCESSES"]["value"] == "2"
+    assert env["JAX_NUM_PROCESSES"]["value"] == "1"
     assert env["JAX_COORDINATOR_ADDRESS"]["value"].startswith("asyncrl-run-1-trainer-0-0.")
     assert "job-completion-index" in env["JAX_PROCESS_ID"]["valueFrom"]["fieldRef"]["fieldPath"]
     assert list(jobs) == (["rollout", "trainer"] if overrides else ["trainer"])
@@ -286,9 +285,8 @@ def test_provision_errors_name_the_cause(refusal, message):
 
 
 def test_unknown_topology_fails_before_any_request():
-    cfg = load_config(GKE, ["cluster.tpu_topology=3x3"])
-    with pytest.raises(ProvisionError, match=r"3x3.*known: .*2x4"):
-        node_pool_request(cfg)
+    with pytest.raises(ConfigError, match=r"3x3.*v6e slice GKE offers.*2x4"):
+        load_config(GKE, ["cluster.tpu_topology=3x3"])  # refused with the config, before provision
 
 
 def _manifests():

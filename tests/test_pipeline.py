@@ -22,13 +22,18 @@ from asyncrl.testing.configs import MICRO_OVERRIDES
 from asyncrl.testing.kfp_stub import kfp_stub
 
 ROOT = Path(__file__).parent.parent
-CONFIGS = ("configs/local.yaml", "configs/qwen2.5-0.5b-v6e.yaml")
+# The local preset, and the single-host and multi-host GKE presets.
+CONFIGS = (
+    "configs/local.yaml",
+    "configs/qwen2.5-0.5b-v6e.yaml",
+    "configs/qwen2.5-0.5b-v6e-multihost.yaml",
+)
 TINY = (*MICRO_OVERRIDES, *PIPELINE_OVERRIDES)
 
 
 @pytest.mark.parametrize("config", CONFIGS)
 def test_pipeline_compiles_to_its_checked_in_snapshot(tmp_path, config):
-    """Regenerate: `asyncrl pipeline compile configs/local.yaml configs/qwen2.5-0.5b-v6e.yaml`."""
+    """Regenerate: `asyncrl pipeline compile <each of CONFIGS>`."""
     cfg = load_config(ROOT / config)
     fresh = remote.compile_pipeline(cfg, tmp_path)
     snapshot = ROOT / "pipelines" / "compiled" / remote.compiled_name(cfg)
@@ -44,7 +49,7 @@ def test_gke_pipeline_carries_tpu_settings_and_retries():
     assert selectors["cloud.google.com/gke-tpu-accelerator"] == "tpu-v6e-slice"
     assert warm["tolerations"][0]["key"] == "google.com/tpu"
     container = pipeline["deploymentSpec"]["executors"]["exec-warm-start"]["container"]
-    assert container["resources"]["accelerator"]["resourceCount"] == "4"  # one v6e host's chips
+    assert container["resources"]["accelerator"]["resourceCount"] == "8"  # v6e 2x4: one host
     tasks = pipeline["components"]["comp-exit-handler-1"]["dag"]["tasks"]
     assert "retryPolicy" in tasks["provision"] and "retryPolicy" not in tasks["quality-gate"]
     assert pipeline["root"]["dag"]["tasks"]["teardown"]["triggerPolicy"]["strategy"] == (
@@ -174,7 +179,7 @@ def test_each_component_function_runs_on_its_own(tmp_path):
 
 
 def test_component_specs_are_compiled_snapshots_and_load_as_components(tmp_path):
-    """Regenerate: `asyncrl pipeline compile configs/local.yaml configs/qwen2.5-0.5b-v6e.yaml`."""
+    """Regenerate: `asyncrl pipeline compile <each of CONFIGS>`."""
     from kfp import components as kfp_components
 
     cfg = load_config(ROOT / "configs/local.yaml")

@@ -1,0 +1,77 @@
+"""The one table of GKE TPU slices (config/topology.py) and everything that reads it: config
+validation, the node pool request, the JobSet's trainer job, node selectors and chip limits."""
+
+import math
+from pathlib import Path
+
+import pytest
+
+from asyncrl.cloud.jobset import render_jobset
+from asyncrl.cloud.provision import node_pool_request
+from asyncrl.config import ConfigError, load_config
+from asyncrl.config.topology import ACCELERATOR, SLICES, slice_of, topologies
+
+ROOT = Path(__file__).parent.parent
+SINGLE = ROOT / "configs" / "qwen2.5-0.5b-v6e.yaml"
+MULTI = ROOT / "configs" / "qwen2.5-0.5b-v6e-multihost.yaml"
+
+
+def test_every_row_is_consistent_and_names_its_slice_alone():
+    assert len({(s.tpu_type, s.topology) for s in SLICES}) == len(SLICES)
+    for s in SLICES:
+        assert math.prod(int(n) for n in s.topology.split("x")) == s.chips  # per host x hosts
+        assert s.machine_type.endswith(f"-{s.chips_per_host}t")  # GKE names a VM by its chips
+        assert s.tpu_type in ACCELERATOR and s.hosts >= 1
+
+
+@pytest.mark.parametrize(
+    ("tpu_type", "topology", "machine", "per_host", "hosts"),
+    [
+        ("v6e", "2x4", "ct6e-standard-8t", 8, 1),  # the single-host flagship
+        ("v6e", "4x4", "ct6e-standard-4t", 4, 4),  # the multi-host preset
+        ("v6e", "2x2", "ct6e-standard-4t", 4, 1),
+        ("v5e", "4x4", "ct5lp-hightpu-4t", 4, 4),
+        ("v5p", "2x2x2", "ct5p-hightpu-4t", 4, 2),
+    ],
+)
+def test_the_table_gives_machine_chips_and_hosts(tpu_type, topology, machine, per_host, hosts):
+    s = slice_of(tpu_type, topology)
+    assert (s.machine_type, s.chips_per_host, s.hosts) == (machine, per_host, hosts)
+
+
+def test_an_unknown_pair_is_refused_naming_what_is_offered():
+    with pytest.raises(ValueError, match=r"v6e has no '3x3'.*2x4, 4x4"):
+        slice_of("v6e", "3x3")
+    with pytest.raises(ConfigError, match=r"cluster.tpu_topology.*'3x3'.*v6e slice.*2x4"):
+        load_config(SINGLE, ["cluster.tpu_topology=3x3"])
+    with pytest.raises(ConfigError, match=r"cluster.tpu_topology.*v5p slice.*2x2x1"):
+        load_config(SINGLE, ["cluster.tpu_type=v5p"])  # 2x4 is not a v5p shape
+    assert "2x2x2" in topologies("v5p") and "2x4" not in topologies("v5p")
+
+
+def test_a_multi_host_slice_refuses_disaggregated_placement():
+    with pytest.raises(ConfigError, match=r"cluster.placement.*4-host slice"):
+        load_config(MULTI, ["cluster.placement=disaggregated"])
+
+
+@pytest.mark.parametrize(("preset", "hosts", "per_host"), [(SINGLE, 1, 8), (MULTI, 4, 4)])
+def test_the_presets_provision_and_launch_the_tables_slice(preset, hosts, per_host):
+    cfg = load_config(preset)
+    s = slice_of(cfg.cluster.tpu_type, cfg.cluster.tpu_topology)
+    assert cfg.cluster.hosts == s.hosts == hosts and s.chips_per_host == per_host
+    pool = node_pool_request(cfg)["node_pool"]
+    assert pool["config"]["machine_type"] == s.machine_type
+    assert pool["initial_node_count"] == hosts
+    jobset = render_jobset(cfg, "run-1", "gs://b/runs/run-1")
+    trainer = next(j for j in jobset["spec"]["replicatedJobs"] if j["name"] == "trainer")
+    spec = trainer["template"]["spec"]
+    assert spec["parallelism"] == spec["completions"] == hosts
+    pod = spec["template"]["spec"]
+    assert pod["nodeSelector"] == {
+        "cloud.google.com/gke-tpu-accelerator": "tpu-v6e-slice",
+        "cloud.google.com/gke-tpu-topology": cfg.cluster.tpu_topology,
+    }
+    container = pod["containers"][0]
+    assert container["resources"]["limits"]["google.com/tpu"] == str(per_host)
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["JAX_NUM_PROCESSES"] == str(hosts)
