@@ -8,11 +8,13 @@ of devices, step by step; a checkpoint saved by both hosts restores identically 
 one, and one saved by one host restores on two.
 
 Tolerance: with one device per host the gradient all-reduce adds two terms, which commute, so two
-hosts must equal one host exactly (EXACT = 0). With two devices per host the order of four addends
-differs (gloo across hosts, in-process within one), and Adam turns that float32 noise in GRPO's
-cancelling gradients (advantages sum to zero per group) into whole learning-rate steps in later
-steps; there the relation is checked on the first step (FIRST_STEP_TOL) and the hosts' agreement
-with each other is exact.
+hosts must equal one host exactly (EXACT = 0), at every step. With two devices per host the order
+of four addends differs (gloo across hosts, in-process within one), and Adam, which divides each
+gradient by its own magnitude, turns that float32 noise in GRPO's near-cancelling gradients
+(advantages sum to zero per group) into visible parameter changes (measured: 1.8e-5 after step 1,
+1.7e-3 = about one learning rate by step 2). There the relation is the first step: the loss equal
+within LOSS_TOL, every parameter within STEP_TOL, a tenth of the learning rate (a different batch
+moves parameters by up to two learning rates); and the two hosts agree with each other exactly.
 """
 
 import json
@@ -28,12 +30,14 @@ import pytest
 
 from asyncrl.checkpoint.manager import Checkpointer, digest, flatten
 from asyncrl.learner.lockstep import Alone, Command, Op
-from asyncrl.testing.configs import micro_config
+from asyncrl.testing.configs import MICRO_OVERRIDES, micro_config
 from asyncrl.testing.multihost import STEPS, TRAIN_OVERRIDES, scripted_learner, scripted_training
 from asyncrl.wiring import lockstep
 
+ROOT = Path(__file__).parent.parent
 EXACT = 0.0
-FIRST_STEP_TOL = 1e-5  # absolute, on the loss and every parameter after step 1 (2 devices/host)
+LOSS_TOL = 1e-6  # step 1's loss, 2 devices per host
+STEP_TOL = 1e-4  # every parameter after step 1, 2 devices per host: lr (1e-3) / 10
 TIMEOUT_S = 900
 
 
@@ -95,10 +99,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _train(out: Path, processes: int, devices: int, restore: Path | None = None) -> list[dict]:
-    """`asyncrl.testing.multihost --train out` in `processes` processes of `devices` CPU devices;
-    the MULTIHOST record of each process, in process order."""
-    out.mkdir(parents=True)
+def _run(command: list[str], processes: int, devices: int) -> list[str]:
+    """`command` in `processes` processes of `devices` CPU devices joined by jax.distributed;
+    the output of each, in process order (every one must succeed)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_COORDINATOR")}
     env |= {
         "JAX_PLATFORMS": "cpu",
@@ -107,9 +110,6 @@ def _train(out: Path, processes: int, devices: int, restore: Path | None = None)
     if processes > 1:
         port = _free_port()
         env |= {"JAX_COORDINATOR_ADDRESS": f"127.0.0.1:{port}", "JAX_NUM_PROCESSES": str(processes)}
-    command = [sys.executable, "-m", "asyncrl.testing.multihost", "--train", str(out)]
-    if restore is not None:
-        command += ["--restore", str(restore)]
     procs = [
         subprocess.Popen(
             command,
@@ -126,9 +126,18 @@ def _train(out: Path, processes: int, devices: int, restore: Path | None = None)
         for p in procs:
             p.kill()
     assert all(p.returncode == 0 for p in procs), "\n\n".join(o[-3000:] for o in outs)
+    return outs
+
+
+def _train(out: Path, processes: int, devices: int, restore: Path | None = None) -> list[dict]:
+    """`asyncrl.testing.multihost --train out`: the MULTIHOST record of each process."""
+    out.mkdir(parents=True)
+    command = [sys.executable, "-m", "asyncrl.testing.multihost", "--train", str(out)]
+    if restore is not None:
+        command += ["--restore", str(restore)]
     return [
         json.loads(line.removeprefix("MULTIHOST "))
-        for o in outs
+        for o in _run(command, processes, devices)
         for line in o.splitlines()
         if line.startswith("MULTIHOST ")
     ]
@@ -177,5 +186,38 @@ def test_two_hosts_of_two_devices_agree_and_match_one_host_on_the_first_step(tmp
     assert {r["devices"] for r in two} == {4} == {one["devices"]}
     assert two[0]["trained"] == two[1]["trained"] == two[0]["restored"] == two[1]["restored"]
     a, b = _steps(tmp_path / "one"), _steps(tmp_path / "two")
-    assert abs(float(a["loss/1"]) - float(b["loss/1"])) <= FIRST_STEP_TOL
-    assert _largest_difference(a, b, 1) <= FIRST_STEP_TOL
+    assert abs(float(a["loss/1"]) - float(b["loss/1"])) <= LOSS_TOL
+    assert _largest_difference(a, b, 1) <= STEP_TOL
+
+
+@pytest.mark.slow
+def test_the_train_stage_on_two_hosts_trains_resumes_and_returns_one_result(tmp_path):
+    """`asyncrl train` as each trainer pod runs it, in two processes: process 0 trains (local
+    engine, colocated), both return its result; a longer second run resumes both from the
+    checkpoint they saved together."""
+    from asyncrl.run_layout import RunLayout
+    from asyncrl.stages.train import TrainResult
+
+    overrides = [
+        *MICRO_OVERRIDES,
+        "learner.eval_every=0",
+        "env.heldout_size=2",
+        "env.train_size=8",
+        "tracing.tensorboard=false",
+        "checkpoint.every_steps=1",
+    ]
+    run = tmp_path / "run"
+    command = [sys.executable, "-m", "asyncrl.cli", "train", str(ROOT / "configs/local.yaml")]
+    for steps in (2, 3):
+        args = [*command, *overrides, f"learner.steps={steps}", "--run-dir", str(run)]
+        outs = _run(args, processes=2, devices=1)
+        said = [next(x for x in o.splitlines() if x.startswith("train: ")) for o in outs]
+        assert said[0] == said[1] and said[0].startswith(f"train: {steps} steps")
+        assert RunLayout.of(run).read(TrainResult).steps == steps
+    assert json.loads((run / "train" / "resume.json").read_text())["step"] == 2
+    assert (run / "train" / "model" / "model.safetensors").exists()
+    assert sorted(int(p.name) for p in (run / "checkpoints").iterdir() if p.name.isdigit()) == [
+        1,
+        2,
+        3,
+    ]

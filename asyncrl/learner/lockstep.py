@@ -116,12 +116,12 @@ def whole(tree):
     from jax.experimental import multihost_utils
 
     leaves, treedef = jax.tree.flatten(tree)
-    spread = [i for i, x in enumerate(leaves) if _spread(x)]
+    spread = {i for i, x in enumerate(leaves) if _spread(x)}
     out = [
         multihost_utils.process_allgather(x, tiled=True) if i in spread and not _named(x) else x
         for i, x in enumerate(leaves)
     ]  # (a sharding without a mesh, never made here, goes the slow way: a jit per array)
-    named = [i for i in spread if _named(leaves[i])]
+    named = sorted(i for i in spread if _named(leaves[i]))
     if named:
         xs = [leaves[i] for i in named]
         replicated = [x.sharding.update(spec=PartitionSpec()) for x in xs]
