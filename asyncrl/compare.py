@@ -50,15 +50,14 @@ class RunSummary:
 
 def _download_small(uri: str, into: Path) -> None:
     """The config, the stage results and the train metrics of a gs:// run, nothing larger."""
-    names = set(storage.list_names(uri))
-    wanted = [*SMALL_FILES, f"{Stage.TRAIN.value}/metrics.jsonl"]
-    if "config.yaml" not in names:
+    if not storage.exists(storage.join(uri, "config.yaml")):
         raise LayoutError(f"{uri}: not a run folder (no config.yaml)")
-    for name in wanted:
-        if name in names:
+    for name in (*SMALL_FILES, f"{Stage.TRAIN.value}/metrics.jsonl"):
+        source = storage.join(uri, name)
+        if storage.exists(source):
             target = into / storage.check_relative(name, uri)
             target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(storage.read_bytes(storage.join(uri, name)))
+            target.write_bytes(storage.read_bytes(source))
 
 
 @contextlib.contextmanager
@@ -132,9 +131,15 @@ def _pct(value: float | None) -> str:
     return "—" if value is None else f"{100 * value:.1f}%"
 
 
-def _estimate(e: Estimate | None) -> str:
+def _is_rate(key: str) -> bool:
+    return key.endswith("_rate") or key.startswith("pass@")
+
+
+def _estimate(e: Estimate | None, rate: bool = True) -> str:
     if e is None:
         return "—"
+    if not rate:  # a mean (reward, turns, tokens): its own units
+        return f"{e.value:.3g} [{e.low:.3g}, {e.high:.3g}]"
     return f"{100 * e.value:.1f}% [{100 * e.low:.1f}, {100 * e.high:.1f}]"
 
 
@@ -168,7 +173,10 @@ def table_rows(runs: Sequence[RunSummary]) -> list[tuple[str, list[str]]]:
         rows.append(
             (
                 f"gate: {key}",
-                [_estimate(r.gate.candidate.get(key) if r.gate else None) for r in runs],
+                [
+                    _estimate(r.gate.candidate.get(key) if r.gate else None, _is_rate(key))
+                    for r in runs
+                ],
             )
         )
     checks = sorted({c.name for r in runs if r.gate for c in r.gate.checks})
