@@ -321,6 +321,7 @@ def test_manifests_validate_strictly_and_kustomizations_are_complete():
     # Policies, pod security and RBAC in depth: tests/test_cluster_security.py.
 
 
+@pytest.mark.slow  # two jax.distributed processes; tests/test_multihost.py keeps a fast relation
 def test_two_process_jax_distributed_step_is_consistent_and_equals_one_process(tmp_path):
     """Two processes (one CPU device each) take one data-parallel SFT step of the micro model;
     both see the same loss and parameters, equal to the same step in a single process."""

@@ -136,6 +136,7 @@ def test_prefix_reuse_gives_identical_tokens_to_reprefill(cfg, model):
     assert reused[1].tokens == fresh[1].tokens
 
 
+@pytest.mark.slow  # warms every bucket of a fresh engine (~50 s)
 def test_no_compilation_while_serving_after_warmup(cfg, model):
     eng = Engine(model, cfg.rollout, max_len=MAX_LEN)
     compiles = []

@@ -11,6 +11,7 @@ import pytest
 from asyncrl.testing.configs import micro_config
 
 
+@pytest.mark.slow  # two replica processes and real training (~2 min); the fast protocol cases stay
 def test_remote_placement_trains_and_survives_a_killed_replica(tmp_path, monkeypatch):
     from asyncrl.run_layout import RunLayout
     from asyncrl.serving.auth import TOKEN_ENV
