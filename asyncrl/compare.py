@@ -18,7 +18,7 @@ from pathlib import Path
 
 from asyncrl import storage
 from asyncrl.config import RunConfig, load_config_text
-from asyncrl.metrics.intervals import Estimate
+from asyncrl.metrics.intervals import Estimate, is_rate, percent
 from asyncrl.metrics.tracker import read_jsonl
 from asyncrl.run_layout import RESULT_FILES, LayoutError, RunLayout, Stage
 from asyncrl.stages.quality_gate import GateResult
@@ -128,19 +128,11 @@ def _short(value: object, width: int = 24) -> str:
 
 
 def _pct(value: float | None) -> str:
-    return "—" if value is None else f"{100 * value:.1f}%"
-
-
-def _is_rate(key: str) -> bool:
-    return key.endswith("_rate") or key.startswith("pass@")
+    return "—" if value is None else percent(value)
 
 
 def _estimate(e: Estimate | None, rate: bool = True) -> str:
-    if e is None:
-        return "—"
-    if not rate:  # a mean (reward, turns, tokens): its own units
-        return f"{e.value:.3g} [{e.low:.3g}, {e.high:.3g}]"
-    return f"{100 * e.value:.1f}% [{100 * e.low:.1f}, {100 * e.high:.1f}]"
+    return "—" if e is None else e.text(rate)
 
 
 def _number(value: float | None, fmt: str) -> str:
@@ -174,7 +166,7 @@ def table_rows(runs: Sequence[RunSummary]) -> list[tuple[str, list[str]]]:
             (
                 f"gate: {key}",
                 [
-                    _estimate(r.gate.candidate.get(key) if r.gate else None, _is_rate(key))
+                    _estimate(r.gate.candidate.get(key) if r.gate else None, is_rate(key))
                     for r in runs
                 ],
             )

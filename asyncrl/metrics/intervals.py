@@ -33,6 +33,22 @@ class Estimate:
     def from_json(cls, d: Mapping[str, float]) -> Estimate:
         return cls(float(d["value"]), float(d["low"]), float(d["high"]), int(d["n"]))
 
+    def text(self, rate: bool = True) -> str:
+        """`12.5% [4.1, 30.2]` for a rate; a mean (reward, turns, tokens) in its own units."""
+        if not rate:
+            return f"{self.value:.3g} [{self.low:.3g}, {self.high:.3g}]"
+        return f"{percent(self.value)} [{100 * self.low:.1f}, {100 * self.high:.1f}]"
+
+
+def percent(x: float) -> str:
+    return f"{100 * x:.1f}%"
+
+
+def is_rate(name: str) -> bool:
+    """Whether a metric named like the gate's (`solve_rate`, `pass@k/calculator`) is a rate."""
+    base = name.partition("/")[0]
+    return base.endswith("_rate") or base.startswith("pass@")
+
 
 def z_of(confidence: float) -> float:
     """The two-sided standard-normal quantile of a confidence level (0.95 -> 1.95996)."""

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
+from asyncrl.metrics.intervals import percent
 from asyncrl.run_layout import LayoutError, RunLayout, Stage
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -28,10 +29,6 @@ ENDED = re.compile(r"Task '([a-z0-9-]+)' finished with status (\w+)")
 POLL_S = 0.5
 PLAIN_PROGRESS_S = 60.0  # without a terminal: one progress line a minute at most
 TAIL_LINES = 15
-
-
-def _pct(x: float) -> str:
-    return f"{100 * x:.1f}%"
 
 
 def key_figure(task: str, layout: RunLayout) -> str:
@@ -50,10 +47,10 @@ def key_figure(task: str, layout: RunLayout) -> str:
                 f"{len(r.created)} resources created" if r.created else "local: nothing to create"
             )
         if task == "warm-start" and (r := layout.maybe(WarmStartResult)):
-            return f"held-out solve rate {_pct(r.heldout_solve_rate)} after {r.steps} SFT steps"
+            return f"held-out solve rate {percent(r.heldout_solve_rate)} after {r.steps} SFT steps"
         if task == "train" and (r := layout.maybe(TrainResult)):
             return (
-                f"held-out {_pct(r.initial_solve_rate)} → {_pct(r.final_solve_rate)}, "
+                f"held-out {percent(r.initial_solve_rate)} → {percent(r.final_solve_rate)}, "
                 f"{r.steps} steps, policy lag {r.policy_lag_mean:.2f} (max {r.policy_lag_max})"
             )
         if task == "recovery-test" and (r := layout.maybe(RecoveryVerdict)):

@@ -16,6 +16,7 @@ import html
 from dataclasses import dataclass
 from typing import ClassVar, TypeVar
 
+from asyncrl.metrics.intervals import is_rate, percent
 from asyncrl.run_layout import LayoutError, RunLayout, Stage
 from asyncrl.stages.promote import PromotionResult
 from asyncrl.stages.quality_gate import GateResult
@@ -40,7 +41,7 @@ class ReportPaths:
 
 
 def _pct(x: float | None) -> str:
-    return "n/a" if x is None else f"{100 * x:.1f}%"
+    return "n/a" if x is None else percent(x)
 
 
 def _result(layout: RunLayout, cls: type[T], lines: list[str]) -> T | None:
@@ -130,13 +131,16 @@ def _gate(gate: GateResult) -> list[str]:
     ]
     for key, e in sorted(gate.candidate.items()):
         c = gate.champion_metrics.get(key)
-        diff = "n/a" if c is None else f"{100 * (e.value - c.value):+.1f} points"
-        rows.append(f"| {key} | {_interval(e)} | {_interval(c) if c else 'n/a'} | {diff} |")
+        rate = is_rate(key)
+        if c is None:
+            diff = "n/a"
+        else:
+            diff = (
+                f"{100 * (e.value - c.value):+.1f} points" if rate else f"{e.value - c.value:+.3g}"
+            )
+        champion = c.text(rate) if c else "n/a"
+        rows.append(f"| {key} | {e.text(rate)} | {champion} | {diff} |")
     return rows
-
-
-def _interval(e) -> str:
-    return f"{100 * e.value:.1f}% [{100 * e.low:.1f}, {100 * e.high:.1f}]"
 
 
 def _sections(layout: RunLayout) -> list[tuple[str, list[str]]]:
