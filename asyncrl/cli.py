@@ -287,6 +287,35 @@ def _cmd_rollout_server(args: argparse.Namespace) -> int:
     return replica.run(cfg, args)
 
 
+def _pipeline_parser(sub) -> None:
+    """`asyncrl pipeline compile|submit|schedule|wait`."""
+    pipe = sub.add_parser("pipeline", help="compile, submit, schedule or wait for the KFP pipeline")
+    pipe_sub = pipe.add_subparsers(dest="pipeline_command", required=True)
+    comp = pipe_sub.add_parser("compile", help="compile to YAML (default pipelines/compiled/)")
+    comp.add_argument("configs", nargs="+", help="configs whose cluster settings to compile for")
+    comp.add_argument("--out", default="pipelines/compiled")
+    comp.add_argument(
+        "--components", default="components", help="where component specs go ('' = none)"
+    )
+    comp.set_defaults(func=_cmd_pipeline_compile)
+    submit = pipe_sub.add_parser("submit", help="start a run on a KFP endpoint")
+    _config_args(submit)
+    submit.add_argument("--host", help="KFP endpoint URL (default pipeline.kfp_host)")
+    submit.add_argument("--name", help="run name")
+    submit.set_defaults(func=_cmd_pipeline_submit)
+    sched = pipe_sub.add_parser("schedule", help="a recurring run (KFP cron: six fields)")
+    _config_args(sched)
+    sched.add_argument("--cron", required=True, help="e.g. '0 0 3 * * *' (03:00 daily)")
+    sched.add_argument("--host", help="KFP endpoint URL (default pipeline.kfp_host)")
+    sched.add_argument("--name", help="recurring run name")
+    sched.set_defaults(func=_cmd_pipeline_schedule)
+    wait = pipe_sub.add_parser("wait", help="wait for a run; exit code = its verdict")
+    wait.add_argument("run_id")
+    wait.add_argument("--host", required=True)
+    wait.add_argument("--timeout", type=float, default=6 * 3600)
+    wait.set_defaults(func=_cmd_pipeline_wait)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="asyncrl", description="Asynchronous agentic-RL post-training on JAX."
@@ -326,31 +355,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     cmp_.set_defaults(func=_cmd_compare)
 
-    pipe = sub.add_parser("pipeline", help="compile, submit, schedule or wait for the KFP pipeline")
-    pipe_sub = pipe.add_subparsers(dest="pipeline_command", required=True)
-    comp = pipe_sub.add_parser("compile", help="compile to YAML (default pipelines/compiled/)")
-    comp.add_argument("configs", nargs="+", help="configs whose cluster settings to compile for")
-    comp.add_argument("--out", default="pipelines/compiled")
-    comp.add_argument(
-        "--components", default="components", help="where component specs go ('' = none)"
-    )
-    comp.set_defaults(func=_cmd_pipeline_compile)
-    submit = pipe_sub.add_parser("submit", help="start a run on a KFP endpoint")
-    _config_args(submit)
-    submit.add_argument("--host", help="KFP endpoint URL (default pipeline.kfp_host)")
-    submit.add_argument("--name", help="run name")
-    submit.set_defaults(func=_cmd_pipeline_submit)
-    sched = pipe_sub.add_parser("schedule", help="a recurring run (KFP cron: six fields)")
-    _config_args(sched)
-    sched.add_argument("--cron", required=True, help="e.g. '0 0 3 * * *' (03:00 daily)")
-    sched.add_argument("--host", help="KFP endpoint URL (default pipeline.kfp_host)")
-    sched.add_argument("--name", help="recurring run name")
-    sched.set_defaults(func=_cmd_pipeline_schedule)
-    wait = pipe_sub.add_parser("wait", help="wait for a run; exit code = its verdict")
-    wait.add_argument("run_id")
-    wait.add_argument("--host", required=True)
-    wait.add_argument("--timeout", type=float, default=6 * 3600)
-    wait.set_defaults(func=_cmd_pipeline_wait)
+    _pipeline_parser(sub)
 
     rs = sub.add_parser("rollout-server", help="serve a rollout engine (placement: remote)")
     _config_args(rs)
