@@ -11,6 +11,7 @@ checkpoints or the models.
 from __future__ import annotations
 
 import contextlib
+import math
 import tempfile
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -84,6 +85,9 @@ def load_run(location: str) -> RunSummary:
             curve = tuple(read_jsonl(metrics, kind="eval")) if metrics.is_file() else ()
         except (ValueError, UnicodeDecodeError) as e:
             raise LayoutError(f"{metrics}: not a metrics file ({e})") from None
+        for row in curve:  # the plot reads these as numbers
+            if not _finite(row.get("step")) or not _finite(row.get("solve_rate", 0.0)):
+                raise LayoutError(f"{metrics}: an eval row without a numeric step and solve_rate")
         return RunSummary(
             name=layout.run_id,
             location=location,
@@ -93,6 +97,10 @@ def load_run(location: str) -> RunSummary:
             gate=layout.maybe(GateResult),
             curve=tuple(sorted(curve, key=lambda r: r.get("step", 0))),
         )
+
+
+def _finite(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _flat(cfg: RunConfig) -> dict:

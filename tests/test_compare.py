@@ -65,3 +65,26 @@ def test_a_run_in_a_bucket_compares_like_its_local_folder(runs, gcs_bucket):
 def test_compare_refuses_what_is_not_a_run(argv, named, capsys):
     assert main(argv) == 2
     assert named in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("metrics", "named"),
+    [
+        ('{"kind": "eval", "step": 1, "solve_rate": 0.5}\n[1, 2]\n', "line 2 is not a JSON object"),
+        ('{"kind": "eval", "step": "x", "solve_rate": 0.5}\n', "without a numeric step"),
+        ('{"kind": "eval", "step": 1, "solve_rate": NaN}\n', "without a numeric step"),
+        ('{"kind": "eval", "step": 1\n', "not a metrics file"),
+    ],
+    ids=["not-an-object", "text-step", "nan-rate", "cut-short"],
+)
+def test_a_malformed_metrics_file_is_named(tmp_path, capsys, metrics, named):
+    from asyncrl.config import to_yaml
+    from asyncrl.testing.configs import micro_config
+
+    run = tmp_path / "run"
+    (run / "train").mkdir(parents=True)
+    (run / "config.yaml").write_text(to_yaml(micro_config()))
+    (run / "train" / "metrics.jsonl").write_text(metrics)
+    assert main(["compare", str(run), "--plot", ""]) == 2
+    err = capsys.readouterr().err
+    assert "metrics.jsonl" in err and named in err

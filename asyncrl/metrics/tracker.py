@@ -86,5 +86,15 @@ class Trackers:
 
 
 def read_jsonl(path: Path, kind: str | None = None) -> list[dict[str, object]]:
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return [r for r in rows if kind is None or r.get("kind") == kind]
+    """The rows of a metrics file (of `kind` when given); a line that is not a JSON object is a
+    ValueError naming it."""
+    rows = []
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        row = json.loads(line)
+        if not isinstance(row, dict):
+            raise ValueError(f"line {number} is not a JSON object")
+        if kind is None or row.get("kind") == kind:
+            rows.append(row)
+    return rows
