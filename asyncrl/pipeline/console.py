@@ -120,7 +120,10 @@ class Console:
         rows = _train_rows(self.layout.train_metrics)
         if not rows:
             return
-        step, reward = int(rows[-1].get("step", 0)), float(rows[-1].get("reward", 0.0))
+        try:
+            step, reward = int(rows[-1].get("step", 0)), float(rows[-1].get("reward", 0.0))
+        except (TypeError, ValueError, OverflowError):  # not numbers: no progress line, no crash
+            return
         elapsed = now - self.started["train"]
         rate = step / elapsed * 60 if elapsed > 0 else 0.0
         eta = (self.steps - step) / (rate / 60) if rate > 0 else float("inf")
