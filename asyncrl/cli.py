@@ -435,6 +435,7 @@ _EXPECTED: dict[str, int] = {
     "asyncrl.serving.auth.TokenError": 2,
     "asyncrl.serving.replica.ReplicaError": 2,
     "asyncrl.storage.UnsafeObjectName": 2,
+    "asyncrl.storage.TooLarge": 2,
     "asyncrl.pipeline.remote.KfpError": 3,
     "asyncrl.cloud.provision.ProvisionError": 3,
 }

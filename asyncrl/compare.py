@@ -27,6 +27,7 @@ from asyncrl.stages.train import TrainResult
 from asyncrl.stages.warm_start import WarmStartResult
 
 MAX_RUNS = 8  # columns that still fit a terminal
+MAX_FILE_BYTES = 64 << 20  # a result or metrics file of a run; larger is refused, not downloaded
 SMALL_FILES = ("config.yaml", *RESULT_FILES.values())
 
 
@@ -58,7 +59,7 @@ def _download_small(uri: str, into: Path) -> None:
         if storage.exists(source):
             target = into / storage.check_relative(name, uri)
             target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(storage.read_bytes(source))
+            target.write_bytes(storage.read_bytes(source, max_bytes=MAX_FILE_BYTES))
 
 
 @contextlib.contextmanager

@@ -71,17 +71,34 @@ def reset_client() -> None:
     _client.cache_clear()
 
 
-def read_bytes(uri: str) -> bytes:
+class TooLarge(ValueError):
+    """An object over the size its reader accepts."""
+
+
+def read_bytes(uri: str, max_bytes: int | None = None) -> bytes:
+    """The object's bytes; with `max_bytes`, one larger is refused (TooLarge) before download."""
     if is_gcs(uri):
         bucket, path = split_gcs(uri)
-        blob = _client().bucket(bucket).blob(path)
         from google.api_core.exceptions import NotFound
 
         try:
+            if max_bytes is None:  # one request, as before
+                return _client().bucket(bucket).blob(path).download_as_bytes()
+            blob = _client().bucket(bucket).get_blob(path)  # its size first
+            if blob is None:
+                raise FileNotFoundError(uri)
+            _check_size(uri, blob.size, max_bytes)
             return blob.download_as_bytes()
         except NotFound:
             raise FileNotFoundError(uri) from None
+    if max_bytes is not None:
+        _check_size(uri, Path(uri).stat().st_size, max_bytes)
     return Path(uri).read_bytes()
+
+
+def _check_size(uri: str, size: int | None, max_bytes: int | None) -> None:
+    if max_bytes is not None and (size is None or size > max_bytes):
+        raise TooLarge(f"{uri}: {size} bytes, over the {max_bytes} this reader accepts")
 
 
 def write_bytes(uri: str, data: bytes) -> None:

@@ -96,3 +96,17 @@ def test_join_refuses_absolute_and_climbing_parts(base, part):
 def test_join_keeps_plain_parts(tmp_path):
     assert storage.join("gs://b/m/", "a", "b/c.json") == "gs://b/m/a/b/c.json"
     assert storage.join(str(tmp_path), "a", "b") == str(Path(tmp_path, "a", "b"))
+
+
+def test_a_reader_with_a_size_cap_refuses_a_larger_object_before_downloading(gcs_bucket, tmp_path):
+    from asyncrl import storage
+
+    uri = f"{gcs_bucket}/capped/big"
+    storage.write_bytes(uri, b"x" * 1000)
+    (tmp_path / "big").write_bytes(b"x" * 1000)
+    for where in (uri, str(tmp_path / "big")):
+        assert storage.read_bytes(where, max_bytes=1000) == b"x" * 1000
+        with pytest.raises(storage.TooLarge, match="1000 bytes, over the 999"):
+            storage.read_bytes(where, max_bytes=999)
+    with pytest.raises(FileNotFoundError):
+        storage.read_bytes(f"{gcs_bucket}/capped/missing", max_bytes=10)
