@@ -69,11 +69,18 @@ def _closed(schema):
 
 @pytest.mark.skipif(not CRD.exists(), reason=f"the JobSet CRD is absent: {CRD}")
 @pytest.mark.parametrize(
-    "overrides", [(), ("cluster.placement=remote", "cluster.rollout_replicas=2")]
+    "overrides",
+    [
+        (),
+        ("cluster.placement=remote", "cluster.rollout_replicas=2"),
+        ("cluster.max_restarts=0",),
+        ("cluster.max_restarts=7", "cluster.jobset_timeout_s=900"),
+    ],
 )
 def test_rendered_jobset_validates_offline(overrides):
     cfg = load_config(GKE, overrides)
     jobset = render_jobset(cfg, "asyncrl-run-1", "gs://bucket/runs/run-1")
+    assert jobset["spec"]["failurePolicy"]["maxRestarts"] == cfg.cluster.max_restarts
     crd = yaml.safe_load(CRD.read_text())
     version = next(v for v in crd["spec"]["versions"] if v["name"] == VERSION)
     jsonschema.validate(jobset, _closed(version["schema"]["openAPIV3Schema"]))
@@ -88,7 +95,8 @@ def test_rendered_jobset_validates_offline(overrides):
     assert env["JAX_NUM_PROCESSES"]["value"] == "1"
     assert env["JAX_COORDINATOR_ADDRESS"]["value"].startswith("asyncrl-run-1-trainer-0-0.")
     assert "job-completion-index" in env["JAX_PROCESS_ID"]["valueFrom"]["fieldRef"]["fieldPath"]
-    assert list(jobs) == (["rollout", "trainer"] if overrides else ["trainer"])
+    remote = "cluster.placement=remote" in overrides
+    assert list(jobs) == (["rollout", "trainer"] if remote else ["trainer"])
 
 
 def _script_argv(container) -> list[str]:
@@ -201,6 +209,80 @@ def test_launch_watch_and_delete_on_the_api_emulator(ending):
         with pytest.raises(ApiException) as gone:
             custom.get_namespaced_custom_object(GROUP, VERSION, "asyncrl", PLURAL, outcome.name)
         assert gone.value.status == 404
+
+
+@pytest.mark.parametrize(
+    ("override", "allowed"),
+    [
+        ("cluster.max_restarts=-1", "[0, 2147483647]"),
+        ("cluster.max_restarts=2.5", "expected an int"),
+        ("cluster.max_restarts=yes", "expected an int"),
+        ("cluster.max_restarts=4294967296", "[0, 2147483647]"),
+        ("cluster.jobset_timeout_s=0", "[1, 2592000]"),
+        ("cluster.jobset_timeout_s=-60", "[1, 2592000]"),
+        ("cluster.jobset_timeout_s=.nan", "finite"),
+        ("cluster.jobset_timeout_s=.inf", "finite"),
+        ("cluster.jobset_timeout_s=soon", "expected a float"),
+        ("cluster.jobset_timeout_s=3600", "less than pipeline.timeout_s=3600"),
+    ],
+)
+def test_bad_restart_and_timeout_keys_are_refused_naming_the_key(override, allowed):
+    key = override.split("=", 1)[0]
+    with pytest.raises(ConfigError) as refused:
+        load_config(GKE, [override])
+    assert refused.value.key == key and allowed in str(refused.value)
+
+
+def test_the_launchers_wait_bound_comes_from_the_config():
+    from asyncrl.cloud.launcher import jobset_timeout
+
+    assert jobset_timeout(load_config(GKE)) == 3600 - 120  # the KFP task's limit less a margin
+    assert jobset_timeout(load_config(GKE, ["pipeline.timeout_s=200"])) == 100  # half, at least
+    given = ["pipeline.timeout_s=200", "cluster.jobset_timeout_s=150"]
+    assert jobset_timeout(load_config(GKE, given)) == 150
+    again = load_config(GKE, ["cluster.jobset_timeout_s=null"])  # null: back to the derived bound
+    assert again.cluster.jobset_timeout_s is None and jobset_timeout(again) == 3480
+
+
+def test_the_launcher_deletes_a_jobset_that_outlives_the_configured_timeout(tmp_path):
+    """No controller runs the JobSet: it stays Running until `cluster.jobset_timeout_s`, then the
+    launcher fails the stage and deletes it; what it created carried `cluster.max_restarts`."""
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    from asyncrl.cloud.jobset import JobSetError
+    from asyncrl.cloud.launcher import run_training_jobset
+    from asyncrl.run_layout import RunLayout
+
+    cfg = load_config(GKE, ["cluster.jobset_timeout_s=2", "cluster.max_restarts=4"])
+    layout = RunLayout.at(str(tmp_path / "runs"), "slow-run").create()
+    name = jobset_name("slow-run")
+    where = (GROUP, VERSION, "asyncrl", PLURAL)
+    with k8s_emulator((f"{GROUP}/{VERSION}/{PLURAL}", "v1/pods")) as k:
+        custom = client.CustomObjectsApi(k.api_client())
+        seen: dict = {}
+
+        def watch():
+            deadline = time.monotonic() + 30
+            while "policy" not in seen and time.monotonic() < deadline:
+                try:
+                    obj = custom.get_namespaced_custom_object(*where, name)
+                    seen["policy"] = obj["spec"]["failurePolicy"]
+                except ApiException:
+                    time.sleep(0.02)
+
+        watcher = threading.Thread(target=watch, daemon=True)
+        watcher.start()
+        start = time.monotonic()
+        with pytest.raises(JobSetError, match=r"TimedOut \(after 2 s\) after 0 restarts"):
+            run_training_jobset(cfg, layout, None, k.api_client(), poll_s=0.05, say=lambda _: None)
+        waited = time.monotonic() - start
+        watcher.join(5)
+        with pytest.raises(ApiException) as gone:
+            custom.get_namespaced_custom_object(*where, name)
+    assert gone.value.status == 404
+    assert seen["policy"]["maxRestarts"] == 4
+    assert 2 <= waited < 30
 
 
 def test_jobset_names_are_short_dns_labels_and_keep_long_ids_apart():

@@ -475,13 +475,18 @@ def test_a_jobset_that_fails_for_good_fails_the_train_stage_with_the_pod_log_tai
     words."""
     from kfp import dsl
 
-    from asyncrl.cloud.jobset import MAX_RESTARTS, JobSetError
+    from asyncrl.cloud.jobset import JobSetError
     from asyncrl.cloud.local_cluster import environment
     from asyncrl.config import to_yaml
     from asyncrl.pipeline.components import components
     from asyncrl.run_layout import RunLayout
 
-    cfg = _training_config(tmp_path, "cluster.placement=colocated", "cluster.rollout_replicas=0")
+    cfg = _training_config(
+        tmp_path,
+        "cluster.placement=colocated",
+        "cluster.rollout_replicas=0",
+        "cluster.max_restarts=1",  # from the config to the rendered failure policy
+    )
     layout = RunLayout.at(cfg.pipeline.runs_dir, "fails").create()
     train = components("asyncrl-runtime:test").train.python_func
     missing = tmp_path / "no-such-model"
@@ -500,7 +505,7 @@ def test_a_jobset_that_fails_for_good_fails_the_train_stage_with_the_pod_log_tai
             )
         _wait(lambda: not cluster.executor.runs, "the executor to see the JobSet deleted")
     message = str(failed.value)
-    assert "Failed (ReachedMaxRestarts" in message and f"after {MAX_RESTARTS} restarts" in message
+    assert "Failed (ReachedMaxRestarts" in message and "after 1 restarts" in message
     assert str(missing) in message.split("pod log tails:", 1)[1]  # the trainer's own error line
 
 

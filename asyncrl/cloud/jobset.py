@@ -13,7 +13,7 @@
   (`dependsOn`), and gets their addresses in ASYNCRL_ROLLOUT_ADDRESSES.
 Both run `asyncrl` on the run folder (`--run-dir` the run's URI: a gs:// run folder is read at
 its Cloud Storage FUSE path, mounted at /gcs/<bucket>) from the model training starts from.
-Failures: a trainer pod that fails restarts the whole JobSet, up to `max_restarts` times
+Failures: a trainer pod that fails restarts the whole JobSet, up to `cluster.max_restarts` times
 (training resumes from the run's newest checkpoint); a replica that fails restarts its own job
 (`RestartJob`), and the trainer carries on with the others meanwhile. The trainer's success
 completes the JobSet.
@@ -49,7 +49,6 @@ RUN_AS = 1000  # the runtime image's user (images/runtime.Dockerfile)
 TOKEN_DIR = "/var/run/asyncrl/token"
 TOKEN_FILE = f"{TOKEN_DIR}/token"
 ADDRESSES_ENV = "ASYNCRL_ROLLOUT_ADDRESSES"  # read by asyncrl.wiring.training
-MAX_RESTARTS = 3  # JobSet restarts after a trainer pod fails (failurePolicy.maxRestarts)
 FUSE_DRIVER = "gcsfuse.csi.storage.gke.io"
 
 
@@ -254,10 +253,11 @@ def render_jobset(
     name: str,
     run_uri: str,
     init_model: str | None = None,
-    max_restarts: int = MAX_RESTARTS,
+    max_restarts: int | None = None,
 ) -> dict[str, Any]:
     """The JobSet of a training run whose folder is `run_uri` (a gs:// URI on GKE), starting from
-    the model folder `init_model` (as its pods see it) when given."""
+    the model folder `init_model` (as its pods see it) when given; `max_restarts` (default
+    `cluster.max_restarts`) bounds the restarts after a trainer pod fails."""
     c = cfg.cluster
     remote = c.placement == "remote" and c.rollout_replicas > 0
     env = [
@@ -267,7 +267,8 @@ def render_jobset(
     extra = ["--init-model", init_model] if init_model else []
     jobs = [_rollout_job(cfg, env, extra)] if remote else []
     jobs.append(_trainer_job(cfg, name, env, remote, extra))
-    failure: dict[str, Any] = {"maxRestarts": max_restarts}
+    restarts = c.max_restarts if max_restarts is None else max_restarts
+    failure: dict[str, Any] = {"maxRestarts": restarts}
     if remote:
         failure["rules"] = [
             {

@@ -207,6 +207,14 @@ def kube_api_client():
     return client.ApiClient(configuration)
 
 
+def jobset_timeout(cfg: RunConfig) -> float:
+    """Seconds the launcher waits for a JobSet: `cluster.jobset_timeout_s`, or the KFP task's own
+    limit less TIMEOUT_MARGIN_S (at least half of it), so the launcher deletes the JobSet itself."""
+    if cfg.cluster.jobset_timeout_s is not None:
+        return cfg.cluster.jobset_timeout_s
+    return max(cfg.pipeline.timeout_s - TIMEOUT_MARGIN_S, cfg.pipeline.timeout_s / 2)
+
+
 def run_training_jobset(
     cfg: RunConfig,
     layout: RunLayout,
@@ -218,14 +226,15 @@ def run_training_jobset(
     poll_s: float = 5.0,
     say: Callable[[str], None] = print,
 ):
-    """The train stage through the run's JobSet; returns the trainer's `TrainResult`."""
+    """The train stage through the run's JobSet; returns the trainer's `TrainResult`. The wait
+    bound and restarts come from the config (`jobset_timeout`, `cluster.max_restarts`) unless
+    `timeout_s` / `max_restarts` are given."""
     from asyncrl.stages.train import TrainResult
 
-    kw = {} if max_restarts is None else {"max_restarts": max_restarts}
-    jobset = render(cfg, jobset_name(layout.run_id), layout.location, init_model, **kw)
+    jobset = render(cfg, jobset_name(layout.run_id), layout.location, init_model, max_restarts)
     runner = JobSetRunner(api_client or kube_api_client(), cfg.cluster.namespace, poll_s)
     if timeout_s is None:
-        timeout_s = max(cfg.pipeline.timeout_s - TIMEOUT_MARGIN_S, cfg.pipeline.timeout_s / 2)
+        timeout_s = jobset_timeout(cfg)
     layout.result_path(Stage.TRAIN).unlink(missing_ok=True)  # an older launch's must not count
     restarts = [0]
 

@@ -13,7 +13,15 @@ import re
 from dataclasses import dataclass, field
 from typing import Literal
 
-from asyncrl.config.errors import ConfigError, abbreviate, bounds, require, seconds
+from asyncrl.config.errors import (
+    INT32_MAX,
+    MAX_SECONDS,
+    ConfigError,
+    abbreviate,
+    bounds,
+    require,
+    seconds,
+)
 from asyncrl.config.topology import find, slice_of, topologies
 
 Placement = Literal["colocated", "disaggregated", "remote"]
@@ -124,6 +132,13 @@ class ClusterConfig:
     service_account: str = "asyncrl-runner"
     # Container image of all stages, by tag or digest.
     image: str = "asyncrl-runtime:0.1.0"
+    # Restarts of the whole JobSet after a trainer pod fails (its failurePolicy.maxRestarts); each
+    # restart resumes from the run's newest checkpoint. 0 = the first trainer failure is final.
+    max_restarts: int = field(default=3, metadata=bounds(0, INT32_MAX, "JobSet restarts"))
+    # Seconds the train stage's launcher waits for its JobSet before deleting it; null = the
+    # KFP task's own limit (pipeline.timeout_s) less 120 s, and at least half of it, so the
+    # launcher, not the task's kill, ends the JobSet. When given it must be below that limit.
+    jobset_timeout_s: float | None = field(default=None, metadata=seconds(1.0))
 
     def __post_init__(self) -> None:
         require(
@@ -146,6 +161,7 @@ class ClusterConfig:
             "at least 1 when placement is 'remote'",
         )
         self._check_rollout_serving()
+        self._check_jobset()
         require(
             not self.tpu_topology or bool(_TOPOLOGY.match(self.tpu_topology)),
             "tpu_topology",
@@ -212,6 +228,22 @@ class ClusterConfig:
             "rollout_keep_versions",
             self.rollout_keep_versions,
             "an integer >= 1",
+        )
+
+    def _check_jobset(self) -> None:
+        require(
+            0 <= self.max_restarts <= INT32_MAX,
+            "max_restarts",
+            self.max_restarts,
+            f"an integer in [0, {INT32_MAX}] (JobSet restarts)",
+        )
+        t = self.jobset_timeout_s
+        require(
+            t is None or 1 <= t <= MAX_SECONDS,  # NaN fails both comparisons
+            "jobset_timeout_s",
+            t,
+            f"a number of seconds in [1, {MAX_SECONDS:.0f}] (30 days at most), or null for "
+            "pipeline.timeout_s less 120 s",
         )
 
 

@@ -120,6 +120,14 @@ class RunConfig:
             "a local path when cluster.backend is 'local' (gs:// run folders live on the "
             "cluster's bucket mount: use cluster.backend=gke)",
         )
+        timeout = self.cluster.jobset_timeout_s
+        require(
+            timeout is None or timeout < self.pipeline.timeout_s,
+            "cluster.jobset_timeout_s",
+            timeout,
+            f"less than pipeline.timeout_s={self.pipeline.timeout_s:g} (the train task's own "
+            "limit: the launcher must delete the JobSet before the task is killed), or null",
+        )
         require(
             r.max_concurrency >= r.group_size,
             "rollout.max_concurrency",
