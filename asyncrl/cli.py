@@ -251,15 +251,16 @@ def _cmd_pipeline_wait(args: argparse.Namespace) -> int:
 
 
 def _cmd_provision(args: argparse.Namespace) -> int:
-    """Create or reuse the config's TPU node pool (`--dry-run`: print the request only)."""
+    """Create or reuse the config's TPU node pools, the trainer's and (remote placement) the
+    rollout replicas' (`--dry-run`: print the requests only)."""
     cfg = load_config(args.config, args.overrides)
-    from asyncrl.cloud.provision import ProvisionError, node_pool_request, provision_node_pool
+    from asyncrl.cloud.provision import ProvisionError, node_pool_requests, provision_node_pools
 
     try:
         if args.dry_run:
-            print(json.dumps(node_pool_request(cfg), indent=2))
+            print(json.dumps(node_pool_requests(cfg), indent=2))
             return 0
-        print(json.dumps(provision_node_pool(cfg, endpoint=args.endpoint), indent=2))
+        print(json.dumps(provision_node_pools(cfg, endpoint=args.endpoint), indent=2))
     except ProvisionError as e:
         print(f"asyncrl: {e}", file=sys.stderr)
         return 3
@@ -364,9 +365,9 @@ def build_parser() -> argparse.ArgumentParser:
     replica_arguments(rs)  # the same flags as `python -m asyncrl.serving.replica`
     rs.set_defaults(func=_cmd_rollout_server)
 
-    prov = sub.add_parser("provision", help="create or reuse the GKE TPU node pool")
+    prov = sub.add_parser("provision", help="create or reuse the GKE TPU node pools")
     _config_args(prov)
-    prov.add_argument("--dry-run", action="store_true", help="print the request, send nothing")
+    prov.add_argument("--dry-run", action="store_true", help="print the requests, send nothing")
     prov.add_argument("--endpoint", help="GKE API endpoint (default: Google's)")
     prov.set_defaults(func=_cmd_provision)
     js = sub.add_parser("jobset", help="render the trainer/rollout JobSet as YAML")

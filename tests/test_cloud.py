@@ -349,6 +349,68 @@ def test_node_pool_request_matches_its_snapshot_and_teardown_deletes_only_it():
         assert stub.pools == {} and stub.requests[-1][0] == "DELETE"
 
 
+REMOTE = ("cluster.placement=remote", "cluster.rollout_replicas=2")
+
+
+def test_a_remote_run_provisions_a_rollout_pool_and_teardown_releases_both(tmp_path):
+    from asyncrl.cloud.provision import NodePoolProvisioner
+    from asyncrl.run_layout import RunLayout
+    from asyncrl.stages.provision import ProvisionResult, teardown
+
+    cfg = load_config(GKE, REMOTE)
+    with gke_stub() as stub:
+        provisioner = NodePoolProvisioner(endpoint=stub.endpoint, poll_s=0.01)
+        trainer, rollout = provisioner.acquire(cfg)
+        assert trainer.created and rollout.created and trainer.status == rollout.status == "RUNNING"
+        posts = [body["nodePool"] for method, _, body in stub.requests if method == "POST"]
+        assert [p["name"] for p in posts] == ["asyncrl-v6e-2x4", "asyncrl-v6e-2x4-rollout"]
+        assert posts[1]["initialNodeCount"] == 2 and "placementPolicy" not in posts[1]
+        assert posts[1]["config"]["machineType"] == "ct6e-standard-8t"
+        assert posts[0]["placementPolicy"]["tpuTopology"] == "2x4"
+        assert sorted(stub.pools) == sorted(f"/v1/{r.name}" for r in (trainer, rollout))
+        layout = RunLayout.at(str(tmp_path / "runs"), "r").create()
+        layout.write(
+            ProvisionResult(
+                run_id="r",
+                run_dir=layout.location,
+                backend="gke",
+                devices="",
+                created=(trainer, rollout),
+            )
+        )
+        done = teardown(cfg, layout, "SUCCEEDED", provisioner)
+        deletes = [path for method, path, _ in stub.requests if method == "DELETE"]
+    assert stub.pools == {} and deletes == [f"/v1/{rollout.name}", f"/v1/{trainer.name}"]
+    assert done.released == (rollout, trainer)  # the last acquired first
+
+
+@pytest.mark.parametrize("trainer_pool_exists", [False, True])
+def test_a_refused_rollout_pool_undoes_only_what_this_provision_created(trainer_pool_exists):
+    """Provision is all or nothing: the run records no pools when it fails, so a trainer pool it
+    created must go again (teardown would never see it); one it found already there stays."""
+    from asyncrl.cloud.provision import NodePoolProvisioner
+
+    cfg = load_config(GKE, REMOTE)
+    with gke_stub() as stub:
+        if trainer_pool_exists:
+            provision_node_pool(cfg, endpoint=stub.endpoint, poll_s=0.01)
+        stub.refuse_create = {"asyncrl-v6e-2x4-rollout": (429, "RESOURCE_EXHAUSTED", "Quota")}
+        with pytest.raises(ProvisionError, match=r"asyncrl-v6e-2x4-rollout: TPU quota exceeded"):
+            NodePoolProvisioner(endpoint=stub.endpoint, poll_s=0.01).acquire(cfg)
+        left = [name.rsplit("/", 1)[1] for name in stub.pools]
+    assert left == (["asyncrl-v6e-2x4"] if trainer_pool_exists else [])
+
+
+def test_a_created_pool_that_never_runs_is_deleted_again():
+    with gke_stub() as stub:
+        stub.polls_to_run = 10**9
+        with pytest.raises(ProvisionError, match=r"not RUNNING after 0\.2 s"):
+            provision_node_pool(
+                load_config(GKE), endpoint=stub.endpoint, timeout_s=0.2, poll_s=0.01
+            )
+        assert stub.pools == {} and stub.requests[-1][0] == "DELETE"
+
+
 @pytest.mark.parametrize(
     ("refusal", "message"),
     [

@@ -553,7 +553,9 @@ def test_the_gke_shaped_pipeline_runs_end_to_end_on_the_local_executor(tmp_path)
         "report",
     )
     assert result.gate_passed is True
-    assert ("POST", "nodePools") in requests and requests[-1] == ("DELETE", "local-v6e-2x2")
+    assert requests.count(("POST", "nodePools")) == 2  # the trainer's and the replicas' pools
+    deletes = [r for r in requests if r[0] == "DELETE"]
+    assert deletes == [("DELETE", "local-v6e-2x2-rollout"), ("DELETE", "local-v6e-2x2")]
     layout = RunLayout.of(result.run_dir)
     assert layout.read(TrainResult).steps == cfg.learner.steps
     pods = sorted(p.name.rsplit("-", 1)[0] for p in (tmp_path / "cluster" / "pods").iterdir())

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from asyncrl.cloud.jobset import render_jobset
-from asyncrl.cloud.provision import node_pool_request
+from asyncrl.cloud.jobset import EXCLUSIVE, render_jobset
+from asyncrl.cloud.provision import node_pool_request, node_pool_requests, rollout_node_pool_request
 from asyncrl.config import ConfigError, load_config
 from asyncrl.config.topology import ACCELERATOR, SLICES, slice_of, topologies
 
@@ -70,8 +70,93 @@ def test_the_presets_provision_and_launch_the_tables_slice(preset, hosts, per_ho
     assert pod["nodeSelector"] == {
         "cloud.google.com/gke-tpu-accelerator": "tpu-v6e-slice",
         "cloud.google.com/gke-tpu-topology": cfg.cluster.tpu_topology,
+        "cloud.google.com/gke-nodepool": cfg.cluster.node_pool,
     }
+    exclusive = trainer["template"]["metadata"]["annotations"]
+    assert exclusive == {EXCLUSIVE: "cloud.google.com/gke-nodepool"}  # the slice's pool is its own
     container = pod["containers"][0]
     assert container["resources"]["limits"]["google.com/tpu"] == str(per_host)
     env = {e["name"]: e.get("value") for e in container["env"]}
     assert env["JAX_NUM_PROCESSES"] == str(hosts)
+
+
+@pytest.mark.parametrize(
+    ("preset", "overrides", "machine", "topology", "chips"),
+    [
+        (MULTI, (), "ct6e-standard-4t", "2x2", 4),  # a 4-chip trainer host's size
+        (
+            SINGLE,
+            ("cluster.placement=remote", "cluster.rollout_replicas=3"),
+            "ct6e-standard-8t",
+            "2x4",
+            8,
+        ),
+        (MULTI, ("cluster.rollout_tpu_topology=1x1",), "ct6e-standard-1t", "1x1", 1),
+        (
+            SINGLE,
+            (
+                "cluster.tpu_type=v5p",
+                "cluster.tpu_topology=2x2x2",
+                "cluster.placement=remote",
+                "cluster.rollout_replicas=2",
+            ),
+            "ct5p-hightpu-4t",
+            "2x2x1",
+            4,
+        ),
+    ],
+)
+def test_remote_replicas_get_their_own_pool_of_single_host_nodes(
+    preset, overrides, machine, topology, chips
+):
+    """The trainer's pool holds its slice and nothing else; each replica is one single-host node
+    of a second pool, and the JobSet's rollout pods select exactly that pool and topology."""
+    cfg = load_config(preset, overrides)
+    c = cfg.cluster
+    trainer_pool, rollout_pool = node_pool_requests(cfg)
+    assert trainer_pool == node_pool_request(cfg)
+    pool = rollout_pool["node_pool"]
+    assert pool["name"] == f"{c.node_pool}-rollout" == c.rollout_node_pool
+    assert pool["initial_node_count"] == c.rollout_replicas
+    assert pool["config"]["machine_type"] == machine
+    assert "placement_policy" not in pool  # N single-host slices, not one slice of N hosts
+    assert pool["config"]["spot"] == c.spot and rollout_pool["parent"] == trainer_pool["parent"]
+    jobset = render_jobset(cfg, "run-1", "gs://b/runs/run-1")
+    rollout, trainer = jobset["spec"]["replicatedJobs"]
+    pod = rollout["template"]["spec"]["template"]["spec"]
+    assert pod["nodeSelector"] == {
+        "cloud.google.com/gke-tpu-accelerator": slice_of(c.tpu_type, topology).accelerator,
+        "cloud.google.com/gke-tpu-topology": topology,
+        "cloud.google.com/gke-nodepool": c.rollout_node_pool,
+    }
+    assert pod["containers"][0]["resources"]["limits"] == {"google.com/tpu": str(chips)}
+    assert "metadata" not in rollout["template"]  # replicas share their pool: not exclusive
+    assert EXCLUSIVE in trainer["template"]["metadata"]["annotations"]
+    assert EXCLUSIVE not in jobset["metadata"].get("annotations", {})
+
+
+@pytest.mark.parametrize("placement", ["colocated", "disaggregated"])
+def test_without_remote_replicas_there_is_one_pool(placement):
+    """Disaggregated placement splits the trainer's one host between rollout and learner in one
+    process (a multi-host slice refuses it): no rollout pods, so no second pool."""
+    cfg = load_config(SINGLE, [f"cluster.placement={placement}"])
+    assert rollout_node_pool_request(cfg) is None
+    assert node_pool_requests(cfg) == [node_pool_request(cfg)]
+    assert [rj["name"] for rj in render_jobset(cfg, "r", "gs://b/r")["spec"]["replicatedJobs"]] == [
+        "trainer"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "key", "allowed"),
+    [
+        (["cluster.rollout_tpu_topology=4x4"], "cluster.rollout_tpu_topology", "1x1, 2x2, 2x4"),
+        (["cluster.rollout_tpu_topology=9x9"], "cluster.rollout_tpu_topology", "single-host v6e"),
+        (["cluster.node_pool=" + "p" * 33], "cluster.node_pool", "at most 40 characters"),
+        (["cluster.node_pool=Pool_A"], "cluster.node_pool", "lowercase letters"),
+    ],
+)
+def test_a_rollout_pool_that_gke_would_refuse_is_refused_with_the_config(overrides, key, allowed):
+    with pytest.raises(ConfigError) as refused:
+        load_config(MULTI, overrides)
+    assert refused.value.key == key and allowed in str(refused.value)

@@ -4,9 +4,11 @@
 - `rollout` (placement `remote`, listed first): `cluster.rollout_replicas` rollout engine
   replicas, each bound to 0.0.0.0 on `cluster.rollout_port` and serving only peers that hold the
   shared token, which both sides read from the Secret `cluster.rollout_token_secret` mounted as a
-  file; a TCP readiness probe on that port says when a replica serves;
+  file; a TCP readiness probe on that port says when a replica serves; each on one single-host
+  TPU node (`cluster.rollout_slice`) of the replicas' own node pool, `cluster.rollout_node_pool`;
 - `trainer`: one Job over the TPU slice's hosts (an indexed Job: one pod per host, all started
-  together), pods pinned to the node pool's accelerator and topology, `google.com/tpu` limits, and
+  together), pods pinned to the run's node pool (`cluster.node_pool`, held exclusively by this
+  job: JobSet's exclusive placement) and its accelerator and topology, `google.com/tpu` limits, and
   the `jax.distributed` wiring in the environment: the coordinator address (pod 0 of the trainer
   job, reached through the JobSet's headless service), the number of processes and each pod's
   process id (its completion index). With replicas it starts once they are all ready
@@ -34,11 +36,17 @@ from collections.abc import Sequence
 from typing import Any
 
 from asyncrl.config import RunConfig, to_yaml
-from asyncrl.config.topology import ACCELERATOR, slice_shape  # the one table of GKE TPU slices
+from asyncrl.config.topology import (  # the one table of GKE TPU slices
+    ACCELERATOR,  # noqa: F401 - pipeline/definition.py imports it from here
+    Slice,
+    slice_of,
+    slice_shape,  # noqa: F401 - likewise
+)
 from asyncrl.serving.auth import TOKEN_ENV
 
 GROUP, VERSION, PLURAL = "jobset.x-k8s.io", "v1alpha2", "jobsets"
 NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
+EXCLUSIVE = "alpha.jobset.sigs.k8s.io/exclusive-topology"
 COORDINATOR_PORT = 8476
 # The TPU runtime's slice-builder port between the hosts of one multi-host slice (GKE's
 # multi-host TPU examples open it); pod-to-pod, since restricted pods may not use hostNetwork.
@@ -131,8 +139,8 @@ def _with_token(pod_spec: dict[str, Any], secret: str) -> dict[str, Any]:
     return pod_spec
 
 
-def _pod_spec(cfg: RunConfig, container: dict, tpu: bool) -> dict[str, Any]:
-    c = cfg.cluster
+def _pod_spec(container: dict, tpu: Slice, pool: str) -> dict[str, Any]:
+    """A pod on a node of `pool` (a node pool of `tpu` slices)."""
     spec: dict[str, Any] = {
         "serviceAccountName": WORKLOAD_SERVICE_ACCOUNT,
         "automountServiceAccountToken": False,
@@ -142,14 +150,12 @@ def _pod_spec(cfg: RunConfig, container: dict, tpu: bool) -> dict[str, Any]:
         "containers": [container],
         "volumes": [{"name": "scratch", "emptyDir": {}}],
     }
-    if tpu:
-        spec["nodeSelector"] = {
-            "cloud.google.com/gke-tpu-accelerator": ACCELERATOR[c.tpu_type],
-            "cloud.google.com/gke-tpu-topology": c.tpu_topology,
-        }
-        spec["tolerations"] = [
-            {"key": "google.com/tpu", "operator": "Exists", "effect": "NoSchedule"}
-        ]
+    spec["nodeSelector"] = {
+        "cloud.google.com/gke-tpu-accelerator": tpu.accelerator,
+        "cloud.google.com/gke-tpu-topology": tpu.topology,
+        "cloud.google.com/gke-nodepool": pool,
+    }
+    spec["tolerations"] = [{"key": "google.com/tpu", "operator": "Exists", "effect": "NoSchedule"}]
     return spec
 
 
@@ -182,7 +188,8 @@ def _trainer_job(
 ) -> dict[str, Any]:
     """The indexed trainer job: one pod per host, joined by jax.distributed."""
     c = cfg.cluster
-    hosts, chips = slice_shape(c.tpu_type, c.tpu_topology)
+    tpu = slice_of(c.tpu_type, c.tpu_topology)
+    hosts = tpu.hosts
     env = [
         *env,
         {
@@ -207,8 +214,12 @@ def _trainer_job(
         ]
     ports = [("coordinator", COORDINATOR_PORT), ("tpu-slice", TPU_SLICE_PORT)]
     command = _stage_command(["asyncrl", "train"], extra)
-    pod = _pod_spec(cfg, _container("trainer", c.image, command, env, chips, ports), tpu=True)
+    container = _container("trainer", c.image, command, env, tpu.chips_per_host, ports)
+    pod = _pod_spec(container, tpu, c.node_pool)
     job = _job("trainer", 1, hosts, _with_token(pod, c.rollout_token_secret) if remote else pod)
+    # The slice's node pool is the trainer's alone (a multi-host slice is one unit): no other
+    # job's pod may land on it (JobSet's per-replicated-job exclusive placement).
+    job["template"]["metadata"] = {"annotations": {EXCLUSIVE: "cloud.google.com/gke-nodepool"}}
     if remote:  # replicas first: a trainer that finds none serving would stop at once
         job["dependsOn"] = [{"name": "rollout", "status": "Ready"}]
     return job
@@ -218,12 +229,15 @@ def _rollout_job(cfg: RunConfig, env: list[dict], extra: Sequence[str]) -> dict[
     """`cluster.rollout_replicas` single-pod jobs, each a replica serving on 0.0.0.0 (whatever
     `cluster.rollout_bind_host` says: its loopback default is for replicas on one machine)."""
     c = cfg.cluster
-    _, chips = slice_shape(c.tpu_type, c.tpu_topology)
+    tpu = c.rollout_slice
+    if tpu is None:
+        raise ValueError("remote rollout replicas on GKE need cluster.tpu_type and tpu_topology")
     serve = ["--host", "0.0.0.0", "--port", str(c.rollout_port), "--token-file", TOKEN_FILE]
     command = _stage_command(["asyncrl", "rollout-server"], [*serve, *extra])
-    container = _container("rollout", c.image, command, env, chips, [("rollout", c.rollout_port)])
+    port = [("rollout", c.rollout_port)]
+    container = _container("rollout", c.image, command, env, tpu.chips_per_host, port)
     container["readinessProbe"] = {"tcpSocket": {"port": "rollout"}, "periodSeconds": 5}
-    pod = _pod_spec(cfg, container, tpu=True)
+    pod = _pod_spec(container, tpu, c.rollout_node_pool)
     return _job("rollout", c.rollout_replicas, 1, _with_token(pod, c.rollout_token_secret))
 
 
@@ -284,9 +298,6 @@ def render_jobset(
             "name": name,
             "namespace": c.namespace,
             "labels": {"app": "asyncrl", "asyncrl/run": name},
-            "annotations": {
-                "alpha.jobset.sigs.k8s.io/exclusive-topology": "cloud.google.com/gke-nodepool"
-            },
         },
         "spec": {
             "network": {"enableDNSHostnames": True, "subdomain": name},

@@ -2,8 +2,9 @@
 
 Just enough of the API for `cloud/provision.py`: a node pool is absent until created, then
 PROVISIONING for `polls_to_run` reads, then RUNNING; delete removes it. Every request is recorded;
-`refuse` answers each with that (HTTP status, gRPC status, message). No credentials are checked:
-it listens on loopback only. Used by the local cluster (local_cluster.py) and by tests.
+`refuse` answers each with that (HTTP status, gRPC status, message), `refuse_create` only the
+creation of the pools it names. No credentials are checked: it listens on loopback only. Used by
+the local cluster (local_cluster.py) and by tests.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ class LocalGkeApi:
     pools: dict[str, int] = field(default_factory=dict)  # path -> reads since creation
     polls_to_run: int = 1
     refuse: tuple[int, str, str] | None = None
+    refuse_create: dict[str, tuple[int, str, str]] = field(default_factory=dict)  # by pool name
 
 
 @contextlib.contextmanager
@@ -45,6 +47,11 @@ def local_gke_api() -> Iterator[LocalGkeApi]:
             stub.requests.append((method, path, body))
             if stub.refuse:
                 code, status, message = stub.refuse
+                return self._send(
+                    code, {"error": {"code": code, "status": status, "message": message}}
+                )
+            if method == "POST" and body["nodePool"]["name"] in stub.refuse_create:
+                code, status, message = stub.refuse_create[body["nodePool"]["name"]]
                 return self._send(
                     code, {"error": {"code": code, "status": status, "message": message}}
                 )

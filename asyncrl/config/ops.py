@@ -22,7 +22,7 @@ from asyncrl.config.errors import (
     require,
     seconds,
 )
-from asyncrl.config.topology import find, slice_of, topologies
+from asyncrl.config.topology import Slice, find, single_host, slice_of, topologies
 
 Placement = Literal["colocated", "disaggregated", "remote"]
 Backend = Literal["local", "gke"]
@@ -33,6 +33,7 @@ GS = "gs://"
 _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")
 _BUCKET = re.compile(r"^[a-z0-9][a-z0-9._-]*[a-z0-9]$")
 _LOCATION = "a local path or gs://bucket/path"
+_NODE_POOL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")  # GKE's node pool names
 # A Kubernetes object name that must be a DNS-1123 subdomain (Secrets among them).
 _DNS1123 = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _DNS1123_ALLOWED = (
@@ -105,6 +106,11 @@ class ClusterConfig:
     tpu_topology: str = ""
     # Rollout replicas (separate processes or pods) when placement is "remote".
     rollout_replicas: int = 0
+    # On GKE each remote replica is one pod on one single-host TPU node of its own node pool,
+    # `<node_pool>-rollout` (the trainer's pool is all the trainer's: its JobSet job holds it
+    # exclusively). Its topology, a single-host tpu_type slice of config/topology.py; "" = the
+    # one whose host equals a trainer host (same machine type, so the same reservation serves).
+    rollout_tpu_topology: str = ""
     # Address and port a replica binds (`asyncrl rollout-server --host/--port` override them).
     # Loopback by default; a replica in a pod binds 0.0.0.0 so the trainer can reach it.
     rollout_bind_host: str = "127.0.0.1"
@@ -181,6 +187,7 @@ class ClusterConfig:
                 self.tpu_topology,
                 f"a {self.tpu_type} slice GKE offers (config/topology.py): {offered}",
             )
+        self._check_rollout_pool()
         require(
             self.placement != "disaggregated" or self.hosts == 1,
             "placement",
@@ -195,6 +202,49 @@ class ClusterConfig:
         if self.tpu_type == "none" or not self.tpu_topology:
             return 1
         return slice_of(self.tpu_type, self.tpu_topology).hosts
+
+    @property
+    def rollout_node_pool(self) -> str:
+        """The node pool of the remote rollout replicas on GKE (derived from `node_pool`)."""
+        return f"{self.node_pool}-rollout"
+
+    @property
+    def rollout_slice(self) -> Slice | None:
+        """The single-host slice each remote replica runs on; None without a TPU slice."""
+        if self.tpu_type == "none" or not self.tpu_topology:
+            return None
+        if self.rollout_tpu_topology:
+            return find(self.tpu_type, self.rollout_tpu_topology)
+        return single_host(self.tpu_type, slice_of(self.tpu_type, self.tpu_topology).chips_per_host)
+
+    def _check_rollout_pool(self) -> None:
+        if self.tpu_type == "none" or find(self.tpu_type, self.tpu_topology) is None:
+            require(
+                not self.rollout_tpu_topology,
+                "rollout_tpu_topology",
+                self.rollout_tpu_topology,
+                "'' unless tpu_type and tpu_topology name a TPU slice",
+            )
+            return
+        offered = [t for t in topologies(self.tpu_type) if slice_of(self.tpu_type, t).hosts == 1]
+        rollout = self.rollout_slice
+        require(
+            rollout is not None and rollout.hosts == 1,
+            "rollout_tpu_topology",
+            self.rollout_tpu_topology,
+            f"a single-host {self.tpu_type} slice (config/topology.py): {', '.join(offered)}; "
+            "or '' for the one of a trainer host's size",
+        )
+        if self.backend == "gke" and self.placement == "remote":
+            pool = self.rollout_node_pool
+            require(
+                len(pool) <= 40 and bool(_NODE_POOL.match(pool)),
+                "node_pool",
+                self.node_pool,
+                "a GKE node pool name of lowercase letters, digits and '-', starting with a "
+                "letter, short enough that '<node_pool>-rollout' (the replicas' pool) has at "
+                "most 40 characters",
+            )
 
     def _check_rollout_serving(self) -> None:
         require(

@@ -82,6 +82,15 @@ def topologies(tpu_type: str) -> tuple[str, ...]:
     return tuple(s.topology for s in SLICES if s.tpu_type == tpu_type)
 
 
+def single_host(tpu_type: str, chips_per_host: int) -> Slice | None:
+    """The single-host slice of `tpu_type` whose one host has `chips_per_host` chips (a rollout
+    replica's node: the machine type of a trainer host of that size); None if there is none."""
+    for s in SLICES:
+        if s.tpu_type == tpu_type and s.hosts == 1 and s.chips_per_host == chips_per_host:
+            return s
+    return None
+
+
 def find(tpu_type: str, topology: str) -> Slice | None:
     return _BY_PAIR.get((tpu_type, topology))
 

@@ -31,7 +31,10 @@ class Resource:
 
 
 class Provisioner(Protocol):
-    def acquire(self, cfg: RunConfig) -> Resource: ...
+    def acquire(self, cfg: RunConfig) -> tuple[Resource, ...]:
+        """Every resource the run needs (a TPU node pool; a rollout pool with remote replicas),
+        in order; all or nothing: one that fails leaves none of its own creations behind."""
+        ...
 
     def release(self, cfg: RunConfig, resource: Resource) -> None: ...
 
@@ -101,9 +104,10 @@ def provision(
     if cfg.cluster.backend == "gke":
         if provisioner is None:
             raise ValueError("cluster.backend gke needs a provisioner (the pipeline passes one)")
-        resource = provisioner.acquire(cfg)
-        created = (resource,) if resource.created else ()
-        devices = f"{cfg.cluster.tpu_type} {cfg.cluster.tpu_topology} node pool {resource.name}"
+        resources = provisioner.acquire(cfg)
+        created = tuple(r for r in resources if r.created)
+        pools = ", ".join(r.name for r in resources)
+        devices = f"{cfg.cluster.tpu_type} {cfg.cluster.tpu_topology} node pools {pools}"
     else:
         devices = f"local CPU ({os.cpu_count()} cores, placement {cfg.cluster.placement})"
     check = model_check(cfg, layout)
@@ -130,7 +134,7 @@ def teardown(
     """Release what provision created for this run (nothing on the local backend)."""
     record = layout.maybe(ProvisionResult)
     released = []
-    for resource in record.created if record else ():
+    for resource in reversed(record.created) if record else ():  # the last acquired first
         if provisioner is None:
             raise ValueError(f"cannot release {resource.kind} {resource.name}: no provisioner")
         provisioner.release(cfg, resource)
