@@ -4,13 +4,13 @@ Imports no JAX. `load_config(path, overrides)` is the one entry point; every err
 `ConfigError` naming the dotted key, the value and what is allowed.
 """
 
+from asyncrl.config.cluster import ClusterConfig
 from asyncrl.config.errors import ConfigError
 from asyncrl.config.learner import LearnerConfig
 from asyncrl.config.loader import from_dict, load_config, load_config_text, parse_override, to_yaml
 from asyncrl.config.model import ModelConfig, TokenizerConfig
 from asyncrl.config.ops import (
     CheckpointConfig,
-    ClusterConfig,
     GateConfig,
     PipelineConfig,
     TracingConfig,

@@ -11,12 +11,12 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 
+from asyncrl.config.cluster import ClusterConfig
 from asyncrl.config.errors import require
 from asyncrl.config.learner import LearnerConfig
 from asyncrl.config.model import ModelConfig, TokenizerConfig
 from asyncrl.config.ops import (
     CheckpointConfig,
-    ClusterConfig,
     GateConfig,
     PipelineConfig,
     TracingConfig,

@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from asyncrl.config import RunConfig
+from asyncrl.config.cluster import is_ip
 from asyncrl.config.errors import MAX_SECONDS
-from asyncrl.config.ops import is_ip
 from asyncrl.serving.auth import (
     TOKEN_ENV,
     Token,
