@@ -166,6 +166,11 @@ class RunLayout:
         """What the train stage restored (step, version, digest), for the recovery test."""
         return self.dir(Stage.TRAIN) / "resume.json"
 
+    def host_record(self, process: int) -> Path:
+        """What trainer process `process` of a multi-host run held at its end (step, a digest of
+        each parameter shard it holds): processes that agree hold equal digests of a shard."""
+        return self.dir(Stage.TRAIN) / "hosts" / f"{process}.json"
+
     @property
     def weights(self) -> Path:
         """Versions published to remote rollout replicas."""

@@ -468,6 +468,66 @@ def test_a_killed_replica_does_not_stop_training(tmp_path):
     assert [r["step"] for r in rows if r["kind"] == "train"] == list(range(1, 7))
 
 
+def _pod_log(cluster_dir: Path, pod_prefix: str) -> str:
+    """The log of the one pod whose name starts with `pod_prefix` (what pods/log serves)."""
+    (folder,) = [p for p in (cluster_dir / "pods").iterdir() if p.name.startswith(pod_prefix)]
+    return (folder / "log").read_text()
+
+
+@pytest.mark.slow
+def test_a_two_host_trainer_trains_in_lockstep_through_the_jobset(tmp_path):
+    """v5p 2x2x2 is two hosts: the rendered JobSet's trainer is an indexed job of two pods that
+    join one jax.distributed job through the headless-service name of pod 0, beside two rollout
+    replicas. Process 0 trains two steps and saves a checkpoint (Orbax's multi-host path); both
+    processes end with the same parameters (data-parallel mesh: each holds a whole replica) and
+    return the same result."""
+    from asyncrl.cloud.jobset import jobset_name
+    from asyncrl.run_layout import RunLayout
+
+    cfg = _training_config(
+        tmp_path,
+        "cluster.tpu_type=v5p",
+        "cluster.tpu_topology=2x2x2",  # 2 hosts (config/topology.py): two trainer processes
+        "cluster.mesh_data=2",  # one CPU device per pod here: a replica of the parameters each
+        "cluster.mesh_fsdp=1",
+        "learner.steps=2",
+        "learner.weight_decay=0.1",  # every step moves every parameter, whatever the rewards
+    )
+    assert cfg.cluster.hosts == 2
+    layout = RunLayout.at(cfg.pipeline.runs_dir, "two-hosts").create()
+    name = jobset_name(layout.run_id)
+    with local_cluster(tmp_path / "cluster", NS, SECRET, shared=(tmp_path,)) as cluster:
+        result = _launch(cfg, cluster, layout)
+    assert result.steps == 2
+    pods = sorted(p.name.rsplit("-", 1)[0] for p in (tmp_path / "cluster" / "pods").iterdir())
+    assert pods == [f"{name}-rollout-0-0", f"{name}-rollout-1-0"] + [
+        f"{name}-trainer-0-{i}" for i in range(2)
+    ]
+    said = [
+        [
+            x
+            for x in _pod_log(tmp_path / "cluster", f"{name}-trainer-0-{i}").splitlines()
+            if "train: " in x
+        ]
+        for i in range(2)
+    ]
+    assert len(said[0]) == len(said[1]) == 1  # one result line each, the same result
+    assert said[0][0].split("train: ", 1)[1] == said[1][0].split("train: ", 1)[1]
+    assert said[0][0].split("train: ", 1)[1].startswith("2 steps")
+    rows = [json.loads(line) for line in layout.train_metrics.read_text().splitlines()]
+    assert [r["step"] for r in rows if r["kind"] == "train"] == [1, 2]
+    assert (Path(layout.checkpoints) / "2").is_dir()  # saved by both processes together
+    published = sorted(layout.weights.iterdir())  # the versions process 0 sent the replicas
+    assert [p.name for p in published] == ["v1", "v2"]
+    v1, v2 = ((p / "model.safetensors").read_bytes() for p in published)
+    assert v1 != v2  # the second step changed the parameters: agreeing below is not trivial
+    hosts = [json.loads(layout.host_record(i).read_text()) for i in range(2)]
+    assert [h["process"] for h in hosts] == [0, 1] and {h["processes"] for h in hosts} == {2}
+    assert {h["step"] for h in hosts} == {2}
+    assert len(hosts[0]["shards"]) > 1  # every parameter, whole on each host
+    assert hosts[0]["shards"] == hosts[1]["shards"]  # each host computed the same parameters
+
+
 @pytest.mark.slow
 def test_a_jobset_that_fails_for_good_fails_the_train_stage_with_the_pod_log_tail(tmp_path):
     """The train component itself (what the KFP task runs): its trainer cannot load the model
@@ -502,6 +562,7 @@ def test_a_jobset_that_fails_for_good_fails_the_train_stage_with_the_pod_log_tai
                 dsl.Model(uri=str(tmp_path / "m")),
                 dsl.Metrics(uri=str(tmp_path / "metrics")),
                 dsl.Artifact(uri=str(tmp_path / "trace")),
+                dsl.HTML(uri=str(tmp_path / "html")),
             )
         _wait(lambda: not cluster.executor.runs, "the executor to see the JobSet deleted")
     message = str(failed.value)

@@ -32,7 +32,7 @@ from asyncrl.wiring import faults, lockstep
 from asyncrl.wiring.devices import Placement, make_placement
 from asyncrl.wiring.episodes import Wiring
 from asyncrl.wiring.train_run import TrainRun
-from asyncrl.wiring.training import local_engine, note_restored, remote_engine, resume
+from asyncrl.wiring.training import local_engine, note_restored, note_trained, remote_engine, resume
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -83,6 +83,7 @@ def train(cfg: RunConfig, layout: RunLayout, init_model: str | None = None) -> T
         note_restored(layout, learner, record)
         if not learner.lockstep.leader:  # process 0's steps, until it stops with the result
             text = lockstep.follow(learner, checkpointer)
+            note_trained(layout, learner)
             return records.decode(TrainResult, json.loads(text), "process 0's train result")
         try:
             state, evals = _lead(
@@ -95,6 +96,7 @@ def train(cfg: RunConfig, layout: RunLayout, init_model: str | None = None) -> T
         result = _result(layout, learner, state, evals, time.monotonic() - start)
         layout.write(result)
         lockstep.stop(learner, json.dumps(records.encode(result)))
+        note_trained(layout, learner)
     return result
 
 

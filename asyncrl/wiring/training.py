@@ -6,9 +6,12 @@ so tests and benchmarks build exactly the loop that the train stage runs.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from pathlib import Path
+
+import numpy as np
 
 from asyncrl.checkpoint.manager import Checkpointer, CheckpointError, digest, flatten
 from asyncrl.checkpoint.train_record import TrainRecord, incompatibilities
@@ -81,6 +84,33 @@ def note_restored(layout: RunLayout, learner: Learner, record: TrainRecord) -> N
     restored["digest"] = digest(flatten(learner.state))  # computed afresh, not copied
     if learner.lockstep.leader:
         layout.write_text(layout.resume_record, json.dumps(restored) + "\n")
+
+
+def note_trained(layout: RunLayout, learner: Learner) -> None:
+    """On a trainer of several processes, record what this process holds at the end: the step and
+    a SHA-256 of each parameter shard on its devices, keyed by the shard's place in the whole
+    array (`RunLayout.host_record`). No collective: each process reads only its own memory, so a
+    follower that drifted from process 0 shows as a differing digest of a shard both hold (every
+    shard on a data-parallel mesh). Nothing on a single process."""
+    import jax
+
+    if jax.process_count() == 1:
+        return
+    shards: dict[str, str] = {}
+    for name, leaf in flatten(learner.state.params).items():
+        for shard in leaf.addressable_shards:
+            place = ",".join(
+                f"{s.start or 0}:{n if s.stop is None else s.stop}"
+                for s, n in zip(shard.index, leaf.shape, strict=True)
+            )
+            key = f"{name}[{place}]"
+            if key not in shards:  # a shard on several local devices: the first copy
+                data = np.ascontiguousarray(np.asarray(shard.data))
+                shards[key] = hashlib.sha256(data.tobytes()).hexdigest()
+    process = jax.process_index()
+    record = {"process": process, "processes": jax.process_count(), "step": learner.step}
+    text = json.dumps(record | {"shards": shards}, sort_keys=True)
+    layout.write_text(layout.host_record(process), text + "\n")
 
 
 def local_engine(wiring: Wiring, learner: Learner, placement: Placement) -> RolloutEngine:
