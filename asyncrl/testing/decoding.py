@@ -23,8 +23,20 @@ def full_logprobs(
     """log-softmax of the full forward at every position of `sequence` ([T, V'])
 
     over the first `vocab_limit` ids (all by default), as an engine with that limit samples."""
-    logits = _full_forward(model, jnp.asarray([list(sequence)], jnp.int32))
+    n = len(sequence)
+    logits = _full_forward(model, jnp.asarray([_padded(sequence)], jnp.int32))[:n]
     return np.asarray(jax.nn.log_softmax(logits[:, :vocab_limit], axis=-1))
+
+
+def _padded(sequence: Sequence[int]) -> list[int]:
+    """`sequence` padded at the end to the next power of two (at least 16).
+
+    Attention is causal, so tokens after position t never change the logits at t: the padded
+    forward's first len(sequence) rows are the unpadded forward's, and the full forward compiles
+    once per power of two instead of once per length (a greedy reference over a few prompts
+    otherwise compiled dozens of shapes)."""
+    size = max(16, 1 << (len(sequence) - 1).bit_length())
+    return [*sequence, *[0] * (size - len(sequence))]
 
 
 def naive_greedy(
