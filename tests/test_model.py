@@ -16,6 +16,12 @@ from asyncrl.testing.configs import model_config
 TOL = 1e-4
 
 
+@nnx.jit(static_argnames="window")
+def _forward(model, tokens, positions, valid=None, cache=None, window=None):
+    """The model's forward, jitted: one compile per shape instead of one per eager op and shape."""
+    return model(tokens, positions, valid=valid, cache=cache, window=window)
+
+
 def _tokens(batch, length, vocab=256, seed=0):
     return jnp.asarray(np.random.default_rng(seed).integers(0, vocab, (batch, length)), jnp.int32)
 
@@ -34,12 +40,12 @@ def test_cached_decode_equals_full_forward(fields):
     model = build_model(cfg, seed=3)
     seq = _tokens(2, 20)
     pos = jnp.broadcast_to(jnp.arange(20), (2, 20))
-    full, _ = model(seq, pos)
+    full, _ = _forward(model, seq, pos)
     cache = init_cache(cfg, 2, 32)
-    out, cache = model(seq[:, :12], pos[:, :12], cache=cache)
+    out, cache = _forward(model, seq[:, :12], pos[:, :12], cache=cache)
     steps = [out]
     for t in range(12, 20):
-        out, cache = model(seq[:, t : t + 1], pos[:, t : t + 1], cache=cache, window=24)
+        out, cache = _forward(model, seq[:, t : t + 1], pos[:, t : t + 1], cache=cache, window=24)
         steps.append(out)
     np.testing.assert_allclose(jnp.concatenate(steps, 1), full, atol=TOL, rtol=0)
 
@@ -54,7 +60,7 @@ def test_rows_at_different_offsets_match_their_own_full_forward():
     toks = jnp.stack([a, jnp.concatenate([b, jnp.zeros(4, jnp.int32)])])
     pos = jnp.broadcast_to(jnp.arange(9), (2, 9))
     valid = jnp.asarray([[True] * 9, [True] * 5 + [False] * 4])
-    logits, cache = model(toks, pos, valid=valid, cache=cache)
+    logits, cache = _forward(model, toks, pos, valid=valid, cache=cache)
     last = [logits[0, 8], logits[1, 4]]
     seqs = [list(np.asarray(a)), list(np.asarray(b))]
     for _ in range(4):
@@ -62,10 +68,10 @@ def test_rows_at_different_offsets_match_their_own_full_forward():
         for s, n in zip(seqs, nxt, strict=True):
             s.append(n)
         step_pos = jnp.asarray([[len(seqs[0]) - 1], [len(seqs[1]) - 1]])
-        logits, cache = model(jnp.asarray([[n] for n in nxt]), step_pos, cache=cache)
+        logits, cache = _forward(model, jnp.asarray([[n] for n in nxt]), step_pos, cache=cache)
         last = [logits[0, 0], logits[1, 0]]
     for row, s in enumerate(seqs):
-        full, _ = model(jnp.asarray([s]), jnp.arange(len(s))[None])
+        full, _ = _forward(model, jnp.asarray([s]), jnp.arange(len(s))[None])
         np.testing.assert_allclose(last[row], full[0, -1], atol=TOL, rtol=0)
 
 
@@ -73,10 +79,10 @@ def test_padding_does_not_leak_into_real_tokens():
     cfg = model_config("micro")
     model = build_model(cfg, seed=5)
     seq = _tokens(1, 6)
-    ref, _ = model(seq, jnp.arange(6)[None])
+    ref, _ = _forward(model, seq, jnp.arange(6)[None])
     padded = jnp.concatenate([seq, _tokens(1, 4, seed=9)], axis=1)
     valid = jnp.asarray([[True] * 6 + [False] * 4])
-    out, _ = model(padded, jnp.arange(10)[None], valid=valid)
+    out, _ = _forward(model, padded, jnp.arange(10)[None], valid=valid)
     np.testing.assert_allclose(out[:, :6], ref, atol=TOL, rtol=0)
 
 
@@ -86,7 +92,7 @@ def test_sharded_forward_on_four_devices_equals_single_device():
     model = build_model(cfg, seed=6)
     seq = _tokens(4, 16)
     pos = jnp.broadcast_to(jnp.arange(16), (4, 16))
-    ref, _ = model(seq, pos)
+    ref, _ = _forward(model, seq, pos)
     mesh = make_mesh(jax.devices()[:4], data=1, fsdp=2, tensor=2)
     shard_model(model, mesh)
     q = model.blocks[0].attn.q[...]
