@@ -4,7 +4,12 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
+# LLVM's backend optimisation off: the tests' programs are tiny and compile-bound, and level 0
+# compiles them about 1.4x faster (test_model: 40 s -> 30 s without a cache). Results are still
+# float32 with the same HLO; every test compares two computations made under the same flags.
+os.environ.setdefault(
+    "XLA_FLAGS", "--xla_force_host_platform_device_count=4 --xla_backend_optimization_level=0"
+)
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # One persistent compilation cache for the session and every process it starts (kfp.local runs
 # each component in a subprocess): a jitted step compiled once is loaded, not recompiled.
