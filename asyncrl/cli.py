@@ -218,7 +218,8 @@ def _cmd_pipeline_submit(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, args.overrides)
 
     def go():
-        run = remote.submit(cfg, _host(args, cfg), args.name)
+        run = remote.submit(cfg, _host(args, cfg), args.run_name, args.experiment)
+        print(f"experiment {args.experiment or cfg.pipeline.experiment}: {run.experiment_url}")
         print(f"submitted run {run.run_id}: {run.url}")
         return 0
 
@@ -231,8 +232,9 @@ def _cmd_pipeline_schedule(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, args.overrides)
 
     def go():
-        job = remote.schedule(cfg, _host(args, cfg), args.cron, args.name)
-        print(f"scheduled recurring run {job} on cron {args.cron!r}")
+        job = remote.schedule(cfg, _host(args, cfg), args.cron, args.run_name, args.experiment)
+        print(f"experiment {args.experiment or cfg.pipeline.experiment}: {job.experiment_url}")
+        print(f"scheduled recurring run {job.run_id} on cron {args.cron!r}: {job.url}")
         return 0
 
     return _kfp(go)
@@ -288,6 +290,15 @@ def _cmd_rollout_server(args: argparse.Namespace) -> int:
     return replica.run(cfg, args)
 
 
+def _kfp_args(p: argparse.ArgumentParser, name_help: str) -> None:
+    p.add_argument("--host", help="KFP endpoint URL (default pipeline.kfp_host)")
+    p.add_argument(
+        "--experiment",
+        help="experiment to file it under, created if missing (default pipeline.experiment)",
+    )
+    p.add_argument("--run-name", "--name", dest="run_name", help=name_help)
+
+
 def _pipeline_parser(sub) -> None:
     """`asyncrl pipeline compile|submit|schedule|wait`."""
     pipe = sub.add_parser("pipeline", help="compile, submit, schedule or wait for the KFP pipeline")
@@ -301,14 +312,12 @@ def _pipeline_parser(sub) -> None:
     comp.set_defaults(func=_cmd_pipeline_compile)
     submit = pipe_sub.add_parser("submit", help="start a run on a KFP endpoint")
     _config_args(submit)
-    submit.add_argument("--host", help="KFP endpoint URL (default pipeline.kfp_host)")
-    submit.add_argument("--name", help="run name")
+    _kfp_args(submit, "run name (default <pipeline.name>-<config hash>)")
     submit.set_defaults(func=_cmd_pipeline_submit)
     sched = pipe_sub.add_parser("schedule", help="a recurring run (KFP cron: six fields)")
     _config_args(sched)
     sched.add_argument("--cron", required=True, help="e.g. '0 0 3 * * *' (03:00 daily)")
-    sched.add_argument("--host", help="KFP endpoint URL (default pipeline.kfp_host)")
-    sched.add_argument("--name", help="recurring run name")
+    _kfp_args(sched, "recurring run name (default <pipeline.name>-scheduled)")
     sched.set_defaults(func=_cmd_pipeline_schedule)
     wait = pipe_sub.add_parser("wait", help="wait for a run; exit code = its verdict")
     wait.add_argument("run_id")

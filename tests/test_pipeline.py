@@ -9,7 +9,7 @@ import pytest
 import yaml
 from conftest import PIPELINE_OVERRIDES
 
-from asyncrl.config import load_config, to_yaml
+from asyncrl.config import load_config, load_config_text, to_yaml
 from asyncrl.config.ops import ALL_STAGES
 from asyncrl.pipeline import remote
 from asyncrl.pipeline.components import FUNCTIONS
@@ -153,20 +153,34 @@ def test_each_component_function_runs_on_its_own(tmp_path):
     def art(cls, name):
         return cls(uri=str(tmp_path / "out" / name))
 
-    (run_dir,) = c.provision.python_func(config_yaml=text, job_id="job-1")
+    run_dir, resolved = c.provision.python_func(config_yaml=text, job_id="job-1", rl_steps=2)
+    assert load_config_text(resolved) == cfg  # rl_steps=2 is the config's already
     layout = RunLayout.of(run_dir)
     assert layout.run_id == "alone" and layout.done(ModelCheckResult)
     m = art(dsl.Metrics, "ws-metrics")
-    model_dir = c.warm_start.python_func(text, run_dir, art(dsl.Model, "ws"), m)
-    assert "heldout_solve_rate" in m.metadata and (tmp_path / "out/ws/model.safetensors").exists()
+    model_dir = c.warm_start.python_func(
+        resolved, run_dir, art(dsl.Model, "ws"), m, art(dsl.HTML, "ws-html")
+    )
+    assert "heldout_solve_rate_low" in m.metadata
+    assert (tmp_path / "out/ws/model.safetensors").exists()
     m = art(dsl.Metrics, "tr-metrics")
     c.train.python_func(
-        text, run_dir, model_dir, art(dsl.Model, "tr"), m, art(dsl.Artifact, "trace")
+        resolved,
+        run_dir,
+        model_dir,
+        art(dsl.Model, "tr"),
+        m,
+        art(dsl.Artifact, "trace"),
+        art(dsl.HTML, "tr-html"),
     )
     assert m.metadata["steps"] == 2.0 and (tmp_path / "out/trace").stat().st_size > 0
+    assert "data:image/png;base64," in (tmp_path / "out/tr-html").read_text()
     m = art(dsl.Metrics, "gate-metrics")
-    c.quality_gate.python_func(text, run_dir, art(dsl.Artifact, "gate"), m)
+    c.quality_gate.python_func(
+        resolved, run_dir, art(dsl.Artifact, "gate"), m, art(dsl.HTML, "gate-html")
+    )
     assert m.metadata["gate_passed"] == 1.0
+    assert "Quality gate PASSED" in (tmp_path / "out/gate-html").read_text()
     assert c.promote.python_func(text, run_dir) == "promoted"
     c.report.python_func(text, run_dir, art(dsl.HTML, "html"), art(dsl.Markdown, "md"))
     assert "asyncrl run report" in (tmp_path / "out/md").read_text()

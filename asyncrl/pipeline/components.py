@@ -19,14 +19,40 @@ from kfp import dsl
 from kfp.dsl import HTML, Artifact, Markdown, Metrics, Model, Output
 
 
-def provision(config_yaml: str, job_id: str) -> NamedTuple("Outputs", [("run_dir", str)]):
+def provision(
+    config_yaml: str,
+    job_id: str,
+    overrides: list = [],  # noqa: B006 - KFP needs a literal default; never mutated
+    model_checkpoint: str = "",
+    tasks: list = [],  # noqa: B006
+    rl_steps: int = -1,
+    learning_rate: float = -1.0,
+    loss: str = "",
+    min_solve_rate: float = -1.0,
+) -> NamedTuple("Outputs", [("run_dir", str), ("resolved_config", str)]):
+    """Resolve the run's config once, make the run folder and acquire the devices.
+
+    Args:
+        config_yaml: The run config as YAML.
+        job_id: Names the run folder unless the config's pipeline.run_id does.
+        overrides: Dotted key=value overrides applied to config_yaml.
+        model_checkpoint: Sets model.checkpoint; "" keeps the config's.
+        tasks: Sets env.tasks; [] keeps the config's.
+        rl_steps: Sets learner.steps; -1 keeps the config's.
+        learning_rate: Sets learner.lr; -1 keeps the config's.
+        loss: Sets learner.loss; "" keeps the config's.
+        min_solve_rate: Sets gate.min_solve_rate; -1 keeps the config's.
+    """
     from collections import namedtuple
 
-    from asyncrl.config import load_config_text
+    from asyncrl.config import to_yaml
+    from asyncrl.pipeline.params import RunParams, resolve
     from asyncrl.run_layout import RunLayout
     from asyncrl.wiring.devices import ensure_host_devices
 
-    cfg = load_config_text(config_yaml)
+    typed = dict(model_checkpoint=model_checkpoint, tasks=tasks, rl_steps=rl_steps)
+    typed |= dict(learning_rate=learning_rate, loss=loss, min_solve_rate=min_solve_rate)
+    cfg = resolve(config_yaml, RunParams.of(overrides, **typed))  # refuses a bad value first
     ensure_host_devices(cfg)
     from asyncrl.stages.provision import provision as run
 
@@ -39,30 +65,37 @@ def provision(config_yaml: str, job_id: str) -> NamedTuple("Outputs", [("run_dir
     layout = RunLayout.at(cfg.pipeline.runs_dir, cfg.pipeline.run_id or job_id)
     result = run(cfg, layout, provisioner)
     print(f"provisioned {result.devices}; run folder {result.run_dir}")
-    return namedtuple("Outputs", ["run_dir"])(result.run_dir)
+    return namedtuple("Outputs", ["run_dir", "resolved_config"])(result.run_dir, to_yaml(cfg))
 
 
 def warm_start(
-    config_yaml: str, run_dir: str, model: Output[Model], metrics: Output[Metrics]
+    config_yaml: str,
+    run_dir: str,
+    model: Output[Model],
+    metrics: Output[Metrics],
+    html: Output[HTML],
 ) -> str:
     import shutil
+    from pathlib import Path
 
     from asyncrl.config import load_config_text
+    from asyncrl.pipeline import visuals
     from asyncrl.run_layout import RunLayout
     from asyncrl.wiring.devices import ensure_host_devices
 
     cfg = load_config_text(config_yaml)
     if "warm_start" not in cfg.pipeline.stages or cfg.warm_start.steps == 0:
         model.metadata["skipped"] = True
+        Path(html.path).write_text(visuals.skipped_html("warm start"))
         return ""
     ensure_host_devices(cfg)
     from asyncrl.stages.warm_start import warm_start as run
 
     result = run(cfg, RunLayout.of(run_dir))
     shutil.copytree(result.model_dir, model.path, dirs_exist_ok=True)
-    metrics.log_metric("heldout_solve_rate", result.heldout_solve_rate)
-    metrics.log_metric("final_loss", result.final_loss)
-    metrics.log_metric("seconds", result.seconds)
+    for name, value in visuals.warm_start_metrics(result, cfg).items():
+        metrics.log_metric(name, value)
+    Path(html.path).write_text(visuals.warm_start_html(result, cfg))
     return result.model_dir
 
 
@@ -73,16 +106,20 @@ def train(
     model: Output[Model],
     metrics: Output[Metrics],
     trace: Output[Artifact],
+    html: Output[HTML],
 ) -> str:
     import shutil
+    from pathlib import Path
 
     from asyncrl.config import load_config_text
+    from asyncrl.pipeline import visuals
     from asyncrl.run_layout import RunLayout
     from asyncrl.wiring.devices import ensure_host_devices
 
     cfg = load_config_text(config_yaml)
     if "train" not in cfg.pipeline.stages:
         model.metadata["skipped"] = True
+        Path(html.path).write_text(visuals.skipped_html("train"))
         return init_model
     layout = RunLayout.of(run_dir)
     if cfg.cluster.backend == "gke":  # a launcher: the run's JobSet trains, on the TPU slice
@@ -95,8 +132,9 @@ def train(
 
         result = run(cfg, layout, init_model=init_model or None)
     shutil.copytree(result.model_dir, model.path, dirs_exist_ok=True)
-    for name in ("initial_solve_rate", "final_solve_rate", "steps", "policy_lag_mean", "seconds"):
-        metrics.log_metric(name, float(getattr(result, name)))
+    for name, value in visuals.train_metrics(result, cfg).items():
+        metrics.log_metric(name, value)
+    Path(html.path).write_text(visuals.train_html(result, cfg))
     if layout.trace.exists():
         shutil.copyfile(layout.trace, trace.path)
     return result.model_dir
@@ -108,15 +146,19 @@ def recovery_test(
     init_model: str,
     verdict: Output[Artifact],
     metrics: Output[Metrics],
+    html: Output[HTML],
 ):
     import shutil
+    from pathlib import Path
 
     from asyncrl.config import load_config_text
+    from asyncrl.pipeline import visuals
     from asyncrl.run_layout import RunLayout, Stage
 
     cfg = load_config_text(config_yaml)
     if "recovery_test" not in cfg.pipeline.stages:
         verdict.metadata["skipped"] = True
+        Path(html.path).write_text(visuals.skipped_html("recovery test"))
         return
     from asyncrl.stages.recovery_test import recovery_test as run
     from asyncrl.stages.recovery_test import table
@@ -125,25 +167,32 @@ def recovery_test(
     result = run(cfg, layout, init_model=init_model or None)
     print(table(result))
     shutil.copyfile(layout.result_path(Stage.RECOVERY_TEST), verdict.path)
-    metrics.log_metric("passed", float(result.passed))
-    for phase in result.phases:
-        metrics.log_metric(f"{phase.phase}_lost_steps", float(phase.lost_steps))
+    for name, value in visuals.recovery_metrics(result).items():
+        metrics.log_metric(name, value)
+    Path(html.path).write_text(visuals.recovery_html(result))
     if not result.passed:
         raise RuntimeError("recovery test failed:\n" + table(result))
 
 
 def quality_gate(
-    config_yaml: str, run_dir: str, report: Output[Artifact], metrics: Output[Metrics]
+    config_yaml: str,
+    run_dir: str,
+    report: Output[Artifact],
+    metrics: Output[Metrics],
+    html: Output[HTML],
 ):
     import shutil
+    from pathlib import Path
 
     from asyncrl.config import load_config_text
+    from asyncrl.pipeline import visuals
     from asyncrl.run_layout import RunLayout, Stage
     from asyncrl.wiring.devices import ensure_host_devices
 
     cfg = load_config_text(config_yaml)
     if "quality_gate" not in cfg.pipeline.stages:
         report.metadata["skipped"] = True
+        Path(html.path).write_text(visuals.skipped_html("quality gate"))
         return
     ensure_host_devices(cfg)
     from asyncrl.stages.quality_gate import format_report
@@ -153,9 +202,9 @@ def quality_gate(
     result = run(cfg, layout)
     print(format_report(result))
     shutil.copyfile(layout.result_path(Stage.QUALITY_GATE), report.path)
-    for name, estimate in result.candidate.items():
-        metrics.log_metric(name, estimate.value)
-    metrics.log_metric("gate_passed", float(result.passed))
+    for name, value in visuals.gate_metrics(result).items():
+        metrics.log_metric(name, value)
+    Path(html.path).write_text(visuals.gate_html(result))
     if not result.passed:
         failed = ", ".join(c.name for c in result.failed)
         raise RuntimeError(f"quality gate failed: {failed}")
@@ -187,12 +236,30 @@ def report(config_yaml: str, run_dir: str, html: Output[HTML], markdown: Output[
     print(f"report {paths.html}")
 
 
-def teardown(config_yaml: str, job_id: str, status: dsl.PipelineTaskFinalStatus):
-    from asyncrl.config import load_config_text
+def teardown(
+    config_yaml: str,
+    job_id: str,
+    status: dsl.PipelineTaskFinalStatus,
+    overrides: list = [],  # noqa: B006 - KFP needs a literal default; never mutated
+    model_checkpoint: str = "",
+    tasks: list = [],  # noqa: B006
+    rl_steps: int = -1,
+    learning_rate: float = -1.0,
+    loss: str = "",
+    min_solve_rate: float = -1.0,
+):
+    from asyncrl.config import ConfigError
+    from asyncrl.pipeline.params import RunParams, resolve
     from asyncrl.run_layout import RunLayout
     from asyncrl.stages.provision import teardown as run
 
-    cfg = load_config_text(config_yaml)
+    typed = dict(model_checkpoint=model_checkpoint, tasks=tasks, rl_steps=rl_steps)
+    typed |= dict(learning_rate=learning_rate, loss=loss, min_solve_rate=min_solve_rate)
+    try:  # the exit handler cannot read provision's output: resolve as provision did
+        cfg = resolve(config_yaml, RunParams.of(overrides, **typed))
+    except ConfigError as e:  # provision refused the same parameters before creating anything
+        print(f"teardown after {status.state}: nothing was provisioned ({e})")
+        return
     provisioner = None
     if cfg.cluster.backend == "gke":
         from asyncrl.cloud.provision import NodePoolProvisioner

@@ -1,10 +1,17 @@
 """The Kubeflow pipeline: provision → [warm start → train → recovery → gate → promote → report]
 → teardown.
 
-The run config travels as one YAML string parameter (`config_yaml`), so a run in the UI shows
-exactly what it ran with. The stages sit inside a `dsl.ExitHandler` whose exit task tears down what
-provision created, whatever happened to the stages. Provision and teardown are retried (they are
-idempotent); the stages that train or gate are not (a retried gate would hide a flaky failure).
+The run config travels as one YAML string parameter (`config_yaml`), whose default is the config
+the pipeline was compiled from (on one line: see `params.config_default`), so a run started in the
+UI needs no input. Beside it the UI's form offers `overrides` (dotted `key=value` strings) and
+typed parameters for what people change most (`pipeline/params.py` names the keys they set and
+their "keep" defaults); the docstring's Args are the descriptions the form shows. Provision
+resolves them once, with the CLI's loader, and every stage receives that one resolved config; an
+invalid value fails provision, naming the key.
+
+The stages sit inside a `dsl.ExitHandler` whose exit task tears down what provision created,
+whatever happened to the stages. Provision and teardown are retried (they are idempotent); the
+stages that train or gate are not (a retried gate would hide a flaky failure).
 Caching is off for every stage: each has side effects (a run folder, a champion, a node pool).
 
 TPU placement comes from the config at compile time, through `kfp-kubernetes`: the GKE TPU node
@@ -23,6 +30,7 @@ from kfp import dsl, kubernetes
 from asyncrl.cloud.jobset import ACCELERATOR, slice_shape
 from asyncrl.config import RunConfig
 from asyncrl.pipeline.components import components
+from asyncrl.pipeline.params import config_default
 
 
 def _on_tpu(task, cfg: RunConfig) -> None:
@@ -40,44 +48,75 @@ def _on_tpu(task, cfg: RunConfig) -> None:
     task.set_accelerator_type("google.com/tpu").set_accelerator_limit(chips)
 
 
-def build_pipeline(cfg: RunConfig):
-    """The pipeline function for `cfg`'s cluster settings (image, TPU, service account)."""
-    comps = components(cfg.cluster.image)
-    accelerated = cfg.cluster.backend == "gke" and cfg.cluster.tpu_type != "none"
+def _on_gke(task, cfg: RunConfig) -> None:
+    kubernetes.set_image_pull_policy(task, "IfNotPresent")
+    # The run folder gs://… is mounted at /gcs/… by the Cloud Storage FUSE driver.
+    kubernetes.add_pod_annotation(task, "gke-gcsfuse/volumes", "true")
+    kubernetes.set_security_context(task, run_as_user=1000, run_as_non_root=True)
+    kubernetes.set_timeout(task, int(cfg.pipeline.timeout_s))
 
-    @dsl.pipeline(
-        name=cfg.pipeline.name,
-        description="asyncrl: SFT warm start, async agentic GRPO, recovery test, quality gate.",
-    )
-    def asyncrl_pipeline(config_yaml: str):
+
+def _stages(comps, cfg: RunConfig, config_yaml, run_dir) -> tuple:
+    """Warm start → train → recovery test → gate → promote → report, all on one config."""
+    ws = comps.warm_start(config_yaml=config_yaml, run_dir=run_dir)
+    tr = comps.train(config_yaml=config_yaml, run_dir=run_dir, init_model=ws.outputs["Output"])
+    rec = comps.recovery_test(
+        config_yaml=config_yaml, run_dir=run_dir, init_model=ws.outputs["Output"]
+    ).after(tr)
+    gate = comps.quality_gate(config_yaml=config_yaml, run_dir=run_dir).after(rec)
+    prom = comps.promote(config_yaml=config_yaml, run_dir=run_dir).after(gate)
+    rep = comps.report(config_yaml=config_yaml, run_dir=run_dir).after(prom)
+    for task in (ws, tr, rec, gate, prom, rep):
+        task.set_caching_options(False)
+    if cfg.cluster.backend == "gke" and cfg.cluster.tpu_type != "none":
+        for task in (ws, rec, gate):  # train launches the JobSet that trains: its pod needs no TPU
+            _on_tpu(task, cfg)
+    return ws, tr, rec, gate, prom, rep
+
+
+def build_pipeline(cfg: RunConfig):
+    """The pipeline function for `cfg`'s cluster settings (image, TPU, service account); `cfg`
+    itself is the default of `config_yaml`, so a run started from the UI needs no input."""
+    comps = components(cfg.cluster.image)
+
+    @dsl.pipeline(name=cfg.pipeline.name)
+    def asyncrl_pipeline(
+        config_yaml: str = config_default(cfg),
+        overrides: list = [],  # noqa: B006 - KFP needs a literal default; never mutated
+        model_checkpoint: str = "",
+        tasks: list = [],  # noqa: B006
+        rl_steps: int = -1,
+        learning_rate: float = -1.0,
+        loss: str = "",
+        min_solve_rate: float = -1.0,
+    ):
+        """asyncrl: SFT warm start, async agentic GRPO, recovery test, quality gate.
+
+        Args:
+            config_yaml: The whole run config as YAML; the default is the compiled-in config.
+            overrides: Dotted key=value strings, as on the CLI, e.g. ["learner.kl_coef=0.05"].
+            model_checkpoint: HF safetensors folder (gs:// or path). "" keeps the config's.
+            tasks: Task families, e.g. ["calculator", "lookup"]. [] keeps the config's.
+            rl_steps: RL optimizer steps (learner.steps). -1 keeps the config's.
+            learning_rate: RL learning rate (learner.lr). -1 keeps the config's.
+            loss: RL objective: grpo, dr_grpo, dapo or gspo. "" keeps the config's.
+            min_solve_rate: Gate bar: held-out solve rate in [0, 1]. -1 keeps the config's.
+        """
+        typed = dict(model_checkpoint=model_checkpoint, tasks=tasks, rl_steps=rl_steps)
+        typed |= dict(learning_rate=learning_rate, loss=loss, min_solve_rate=min_solve_rate)
         job = dsl.PIPELINE_JOB_ID_PLACEHOLDER  # names the run folder unless pipeline.run_id does
-        down = comps.teardown(config_yaml=config_yaml, job_id=job)
+        down = comps.teardown(config_yaml=config_yaml, job_id=job, overrides=overrides, **typed)
         down.set_caching_options(False).set_retry(3)
         with dsl.ExitHandler(down, name="stages"):
-            prov = comps.provision(config_yaml=config_yaml, job_id=job)
+            prov = comps.provision(
+                config_yaml=config_yaml, job_id=job, overrides=overrides, **typed
+            )
             prov.set_caching_options(False).set_retry(3)
             run_dir = prov.outputs["run_dir"]
-            ws = comps.warm_start(config_yaml=config_yaml, run_dir=run_dir)
-            tr = comps.train(
-                config_yaml=config_yaml, run_dir=run_dir, init_model=ws.outputs["Output"]
-            )
-            rec = comps.recovery_test(
-                config_yaml=config_yaml, run_dir=run_dir, init_model=ws.outputs["Output"]
-            ).after(tr)
-            gate = comps.quality_gate(config_yaml=config_yaml, run_dir=run_dir).after(rec)
-            prom = comps.promote(config_yaml=config_yaml, run_dir=run_dir).after(gate)
-            rep = comps.report(config_yaml=config_yaml, run_dir=run_dir).after(prom)
-            for task in (ws, tr, rec, gate, prom, rep):
-                task.set_caching_options(False)
-            if accelerated:  # train launches the JobSet that trains: its own pod needs no TPU
-                for task in (ws, rec, gate):
-                    _on_tpu(task, cfg)
+            resolved = prov.outputs["resolved_config"]  # every stage runs this one config
+            stages = _stages(comps, cfg, config_yaml=resolved, run_dir=run_dir)
         if cfg.cluster.backend == "gke":
-            for task in (prov, ws, tr, rec, gate, prom, rep, down):
-                kubernetes.set_image_pull_policy(task, "IfNotPresent")
-                # The run folder gs://… is mounted at /gcs/… by the Cloud Storage FUSE driver.
-                kubernetes.add_pod_annotation(task, "gke-gcsfuse/volumes", "true")
-                kubernetes.set_security_context(task, run_as_user=1000, run_as_non_root=True)
-                kubernetes.set_timeout(task, int(cfg.pipeline.timeout_s))
+            for task in (prov, *stages, down):
+                _on_gke(task, cfg)
 
     return asyncrl_pipeline

@@ -3,8 +3,10 @@
 Thin use of `kfp.Client` (the KFP v2beta1 REST API). Every network failure becomes a `KfpError`
 that names the endpoint and what was attempted: an unreachable host, a refusal (HTTP 4xx/5xx with
 the server's message), a run that ends in another state than SUCCEEDED. The run config is passed
-as the pipeline's one parameter, `config_yaml`; the Kubernetes service account is named, never a
-key. `wait` maps the run's final state to an exit code, so CI can gate on `asyncrl pipeline wait`.
+as the pipeline's `config_yaml` parameter (resolved here, with the CLI's overrides applied); the
+run is filed under an experiment, created when missing, and the UI pages of both are returned. The
+Kubernetes service account is named, never a key. `wait` maps the run's final state to an exit
+code, so CI can gate on `asyncrl pipeline wait`.
 """
 
 from __future__ import annotations
@@ -57,8 +59,18 @@ def compile_components(cfg: RunConfig, out_dir: Path = COMPONENTS_DIR) -> list[P
 
 @dataclass(frozen=True, slots=True)
 class Submitted:
-    run_id: str
-    url: str
+    """A run (or a recurring run) created on the endpoint, with the UI pages that show it."""
+
+    run_id: str  # the run's id, or the recurring run's
+    url: str  # its page in the Kubeflow UI
+    experiment_id: str
+    experiment_url: str
+
+
+def ui_link(host: str, kind: str, ident: str) -> str:
+    """A page of the Kubeflow UI at `host` (the routes of KFP's frontend): kind is `runs`,
+    `recurringrun` or `experiments`."""
+    return f"{host.rstrip('/')}/#/{kind}/details/{ident}"
 
 
 def _probe(host: str) -> None:
@@ -98,17 +110,35 @@ def _reason(e: Exception) -> str:
 
 
 def _call(host: str, what: str, fn):
-    try:
-        return fn()
+    import contextlib
+    import io
+
+    try:  # kfp.Client prints its own links to stdout; the CLI prints its own lines instead
+        with contextlib.redirect_stdout(io.StringIO()):
+            return fn()
     except KfpError:
         raise
     except Exception as e:
         raise KfpError(f"{what} at {host} failed: {_reason(e)}") from None
 
 
-def submit(cfg: RunConfig, host: str, run_name: str | None = None) -> Submitted:
+def _experiment(client, host: str, name: str) -> tuple[str, str]:
+    """The experiment's id and page, created when no experiment has that name."""
+    # kfp's create_experiment gets the experiment by name first and creates it only if missing.
+    found = _call(
+        host, f"finding or creating experiment {name!r}", lambda: client.create_experiment(name)
+    )
+    return found.experiment_id, ui_link(host, "experiments", found.experiment_id)
+
+
+def submit(
+    cfg: RunConfig, host: str, run_name: str | None = None, experiment: str | None = None
+) -> Submitted:
+    """Start a run of the pipeline with `cfg` as its config, filed under `experiment` (default
+    `pipeline.experiment`, created if missing)."""
     package = compile_pipeline(cfg, Path(_tmpdir()))
     client = _client(host)
+    experiment_id, experiment_url = _experiment(client, host, experiment or cfg.pipeline.experiment)
     result = _call(
         host,
         "creating the run",
@@ -116,16 +146,23 @@ def submit(cfg: RunConfig, host: str, run_name: str | None = None) -> Submitted:
             str(package),
             arguments={"config_yaml": to_yaml(cfg)},
             run_name=run_name or f"{cfg.pipeline.name}-{cfg.hash()[:8]}",
-            experiment_name=cfg.pipeline.experiment,
+            experiment_id=experiment_id,
             service_account=cfg.cluster.service_account,
             enable_caching=False,
         ),
     )
-    return Submitted(run_id=result.run_id, url=f"{host.rstrip('/')}/#/runs/details/{result.run_id}")
+    url = ui_link(host, "runs", result.run_id)
+    return Submitted(result.run_id, url, experiment_id, experiment_url)
 
 
-def schedule(cfg: RunConfig, host: str, cron: str, name: str | None = None) -> str:
-    """A recurring run on a KFP cron (six fields: seconds first); returns the recurring run id."""
+def schedule(
+    cfg: RunConfig,
+    host: str,
+    cron: str,
+    name: str | None = None,
+    experiment: str | None = None,
+) -> Submitted:
+    """A recurring run on a KFP cron (six fields: seconds first), filed like `submit`'s runs."""
     fields = cron.split()
     if len(fields) != 6:
         raise KfpError(
@@ -134,14 +171,12 @@ def schedule(cfg: RunConfig, host: str, cron: str, name: str | None = None) -> s
         )
     package = compile_pipeline(cfg, Path(_tmpdir()))
     client = _client(host)
-    experiment = _call(
-        host, "creating the experiment", lambda: client.create_experiment(cfg.pipeline.experiment)
-    )
+    experiment_id, experiment_url = _experiment(client, host, experiment or cfg.pipeline.experiment)
     job = _call(
         host,
         "creating the recurring run",
         lambda: client.create_recurring_run(
-            experiment_id=experiment.experiment_id,
+            experiment_id=experiment_id,
             job_name=name or f"{cfg.pipeline.name}-scheduled",
             cron_expression=cron,
             pipeline_package_path=str(package),
@@ -151,7 +186,8 @@ def schedule(cfg: RunConfig, host: str, cron: str, name: str | None = None) -> s
             no_catchup=True,
         ),
     )
-    return job.recurring_run_id
+    url = ui_link(host, "recurringrun", job.recurring_run_id)
+    return Submitted(job.recurring_run_id, url, experiment_id, experiment_url)
 
 
 def wait(host: str, run_id: str, timeout_s: float) -> str:
