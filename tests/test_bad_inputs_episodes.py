@@ -581,7 +581,7 @@ def test_a_member_that_cannot_run_drops_its_group_and_is_counted():
     assert orch.member_failures >= 1 and counts[S.ENV_ERROR] == orch.member_failures
     assert counts[S.ENV_ERROR] + counts[S.CANCELLED] == 2  # one status per member
     assert ended == [(0, GroupOutcome.FAILED)] and queue.stats().open == 0
-    assert orch._free._value == 4  # every slot freed, also a member cancelled before it ran
+    assert orch.free_slots == 4  # every slot freed, also a member cancelled before it ran
 
 
 def test_orchestrator_cancel_returns_within_the_grace_whatever_the_environments_do():

@@ -1,6 +1,7 @@
 """Episodes, the orchestrator and the group queue: every status forced; groups flow on their own."""
 
 import asyncio
+import gc
 import json
 import random
 import subprocess
@@ -17,6 +18,7 @@ from asyncrl.envs.registry import build_environment
 from asyncrl.envs.tasks import calculator_task, heldout, lookup_task, task_stream
 from asyncrl.envs.tool_env import ToolEnvironment
 from asyncrl.rollout.episode import Episode, EpisodeLimits, EpisodeSpec
+from asyncrl.rollout.gc_tuning import GEN0_THRESHOLD, tuned_for_rollout
 from asyncrl.rollout.groups import GroupQueue
 from asyncrl.rollout.orchestrator import Orchestrator, OrchestratorSettings, numbered
 from asyncrl.testing.scripted_engine import ScriptedEngine
@@ -254,6 +256,44 @@ def test_a_straggler_holds_back_only_its_own_group():
     assert stats.open == 1 and stats.oldest_open_s > 0
 
 
+@pytest.mark.parametrize("concurrency", [6, 8])
+def test_stop_withdraws_a_half_started_group_and_finishes_the_started_ones(concurrency):
+    """Members start as others end (no slot left for the second group's last members at 6): a
+    stop() meanwhile withdraws that half-started group, counted, when the next slot frees; a
+    fully started group runs to its end."""
+    tasks = [replace(TASK, id="fast"), replace(TASK, id="slow")]
+    ended = []
+
+    async def go():
+        gate = asyncio.Event()  # never set: the second group's members wait until cancelled
+        queue = GroupQueue(group_size=4, on_end=lambda number, outcome: ended.append(number))
+        orch = _orchestrator(
+            ScriptedEngine(by_turn(answer("4164")), delay_s=0.2),
+            queue,
+            make_env=lambda t: GatedEnv(t, gate, {"slow"}),
+            concurrency=concurrency,
+        )
+        runner = asyncio.create_task(orch.run(numbered(tasks)))
+        await asyncio.sleep(0.05)
+        started = orch.active
+        orch.stop()
+        if concurrency == 8:  # both groups fully started: the gated one must be let through
+            await asyncio.sleep(0.3)
+            gate.set()
+        await asyncio.wait_for(runner, 10)
+        return orch, queue, started
+
+    orch, queue, started = run(go())
+    stats = queue.stats()
+    assert started == concurrency and orch.free_slots == concurrency
+    assert stats.open == 0 and stats.released == (1 if concurrency == 6 else 2)
+    if concurrency == 6:
+        assert stats.withdrawn == 1 and ended == [1]
+        assert orch.status_counts[TrajectoryStatus.CANCELLED] == 2
+    else:
+        assert stats.withdrawn == 0 and ended == []
+
+
 def _flaky_engine(fail_members, fail_times=1):
     """Times out (too slow) for the first `fail_times` attempts of the named members."""
     attempts = {}
@@ -433,3 +473,14 @@ def test_tune_for_rollout_freezes_the_heap_and_raises_the_gen0_threshold():
     command = [sys.executable, "-c", script]
     done = subprocess.run(command, capture_output=True, text=True, timeout=60)
     assert (done.returncode, done.stdout.split()) == (0, ["True", "True", "True"])
+
+
+def test_tuned_for_rollout_restores_the_collector_after_the_block_even_when_it_raises():
+    """The train stage runs its loop under it: a stage inside pytest leaves gc as it was."""
+    before, frozen = gc.get_threshold(), gc.get_freeze_count()
+    with pytest.raises(RuntimeError), tuned_for_rollout():
+        assert gc.get_threshold() == (GEN0_THRESHOLD, *before[1:])
+        assert gc.get_freeze_count() > frozen
+        raise RuntimeError("the loop failed")
+    assert gc.get_threshold() == before
+    assert (gc.get_freeze_count() == 0) == (frozen == 0)  # a heap frozen before stays frozen

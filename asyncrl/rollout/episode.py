@@ -49,6 +49,8 @@ TURNS_GRACE_S = 2 * GRACE_S
 # Longest an episode may outlive `timeout_s` (or its cancellation): the turns' wind-down, then a
 # close that hangs.
 EPISODE_GRACE_S = TURNS_GRACE_S + CLOSE_TIMEOUT_S + GRACE_S
+# SamplingParams fields an episode copies into each turn's request (it sets the other two).
+_TURN_FIELDS = tuple(f.name for f in fields(SamplingParams) if f.name not in ("max_tokens", "seed"))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -92,11 +94,7 @@ class Episode:
         self._lane = 0
         self._open_slices = 0  # slices open on the lane below the episode slice
         # The spec's sampling fields but the two each turn sets (cheaper than `replace` per turn).
-        self._sampling = {
-            f.name: getattr(spec.sampling, f.name)
-            for f in fields(spec.sampling)
-            if f.name not in ("max_tokens", "seed")
-        }
+        self._sampling = {name: getattr(spec.sampling, name) for name in _TURN_FIELDS}
 
     async def run(self) -> Trajectory:
         """Run to the end; raises only CancelledError (after closing the environment)."""
@@ -141,7 +139,8 @@ class Episode:
         for _ in range(self._open_slices):
             tracer.end(self._lane)
         self._open_slices = 0
-        flows = () if status == TrajectoryStatus.CANCELLED else (flow_id(self.spec.episode_id),)
+        ended = status == TrajectoryStatus.CANCELLED or not tracer.enabled  # no flow to continue
+        flows = () if ended else (flow_id(self.spec.episode_id),)
         tracer.instant(self._lane, status.value)
         tracer.end(self._lane, flows=flows)
         tracer.release_lane(self._lane)

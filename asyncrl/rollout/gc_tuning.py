@@ -14,11 +14,19 @@ freezes what survives (`gc.freeze`: start-up objects leave the collector's view 
 garbage made of them later is never freed, so call it after start-up, not before) and raises the
 generation-0 threshold, which cut the collector's share to ~4 µs per episode there. Cyclic garbage
 is still collected, only in larger batches. Nothing here runs at import.
+
+`tuned_for_rollout()` does the same for the duration of a block and then restores the collector's
+thresholds and unfreezes the heap: the train stage runs its event loop under it, so a stage run
+inside a longer-lived process (the tests, a notebook) leaves that process's collector as it found
+it. (A heap that was already frozen before the block stays frozen: `gc` cannot unfreeze part of
+it.)
 """
 
 from __future__ import annotations
 
+import contextlib
 import gc
+from collections.abc import Iterator
 
 GEN0_THRESHOLD = 10_000  # CPython's default is 700
 
@@ -29,3 +37,17 @@ def tune_for_rollout(gen0_threshold: int = GEN0_THRESHOLD) -> None:
     gc.freeze()
     _, gen1, gen2 = gc.get_threshold()
     gc.set_threshold(gen0_threshold, gen1, gen2)
+
+
+@contextlib.contextmanager
+def tuned_for_rollout(gen0_threshold: int = GEN0_THRESHOLD) -> Iterator[None]:
+    """`tune_for_rollout()` for the block; the thresholds and an unfrozen heap come back after."""
+    thresholds = gc.get_threshold()
+    was_frozen = gc.get_freeze_count() > 0
+    tune_for_rollout(gen0_threshold)
+    try:
+        yield
+    finally:
+        gc.set_threshold(*thresholds)
+        if not was_frozen:
+            gc.unfreeze()

@@ -62,6 +62,16 @@ class _Unbuilt:
         return None
 
 
+@dataclass(slots=True)
+class _Filling:
+    """A group whose members are being started: the next member's index, and the run task's
+    wait for the rest (set once every member started or the group was left)."""
+
+    item: NumberedTask
+    member: int = 0
+    waiter: asyncio.Future[None] | None = None
+
+
 class Admission(Protocol):
     async def room(self) -> None:
         """Return when a new group may start."""
@@ -149,9 +159,11 @@ class Orchestrator:
         self.engine, self.queue, self.settings = engine, queue, settings
         self.make_env, self.make_agent = make_env, make_agent
         self.admission: Admission = admission or Unbounded()
-        self._free = asyncio.Semaphore(settings.max_concurrency)
+        self._free = settings.max_concurrency  # episode slots not held by a member
+        self._filling: _Filling | None = None  # the group whose members are being started
         self._running: set[asyncio.Task] = set()
         self._started: set[asyncio.Task] = set()  # members whose coroutine began
+        self._holding: set[asyncio.Task] = set()  # members that still hold their slot
         self._members: dict[str, set[asyncio.Task]] = collections.defaultdict(set)
         self._stopping = False
         self.groups_started = 0
@@ -165,6 +177,11 @@ class Orchestrator:
     @property
     def active(self) -> int:
         return len(self._running)
+
+    @property
+    def free_slots(self) -> int:
+        """Episode slots no member holds (`max_concurrency` once every member has ended)."""
+        return self._free
 
     def health(self) -> dict[str, float]:
         """Failure counters for an operator's per-step metrics: this orchestrator's, the code
@@ -204,28 +221,60 @@ class Orchestrator:
             raise
 
     async def _start_group(self, item: NumberedTask) -> None:
+        """Open the group and start its members; return once all are started or it was left
+        (doomed by a member, or withdrawn by `stop()`)."""
         self.groups_started += 1
         self.admission.issue(item.number)
         self.queue.open(item)
-        for member in range(self.settings.group_size):
-            await self._free.acquire()
-            if self._stopping or not self.queue.is_open(item.group_id):
+        filling = self._filling = _Filling(item)
+        self._fill()
+        if self._filling is filling:  # out of slots: members that end start the rest
+            filling.waiter = asyncio.get_running_loop().create_future()
+            await filling.waiter
+
+    def _fill(self) -> None:
+        """Start the filling group's members while slots are free. Called when a group starts
+        and whenever a slot is freed, so a member that ends starts the next one in its own step,
+        not a hop later through a waiting task (each hop is one more event-loop wake-up)."""
+        filling = self._filling
+        if filling is None:
+            return
+        group_id = filling.item.group_id
+        while filling.member < self.settings.group_size:
+            if self._stopping or not self.queue.is_open(group_id):
                 # Stopped while waiting for a slot (withdraw the half-started group), or a
                 # started member already doomed it (start nothing more for it).
-                self._free.release()
                 if self._stopping:
-                    self._withdraw(item.group_id)
+                    self._withdraw(group_id)
+                break
+            if not self._free:
                 return
-            job = asyncio.create_task(self._member(item, member), name=item.group_id)
-            self._running.add(job)
-            self._members[item.group_id].add(job)
-            job.add_done_callback(self._forget(item.group_id))
+            self._free -= 1
+            self._launch(filling.item, filling.member)
+            filling.member += 1
+        self._filling = None
+        if filling.waiter is not None and not filling.waiter.done():
+            filling.waiter.set_result(None)
+
+    def _launch(self, item: NumberedTask, member: int) -> None:
+        job = asyncio.create_task(self._member(item, member), name=item.group_id)
+        self._running.add(job)
+        self._holding.add(job)
+        self._members[item.group_id].add(job)
+        job.add_done_callback(self._forget(item.group_id))
+
+    def _release(self, job: asyncio.Task) -> None:
+        """Free `job`'s slot (once) and start what waits for it."""
+        if job in self._holding:
+            self._holding.discard(job)
+            self._free += 1
+            self._fill()
 
     def _forget(self, group_id: str) -> Callable[[asyncio.Task], None]:
         def done(job: asyncio.Task) -> None:
-            # The slot is freed here, not in `_member`: a member cancelled before its first step
-            # (its group doomed or withdrawn meanwhile) never runs its own `finally`.
-            self._free.release()
+            # A member that ends normally frees its slot itself; one cancelled (before its first
+            # step, when it never runs its own code at all) or failing frees it here.
+            self._release(job)
             if job not in self._started:
                 self.status_counts[TrajectoryStatus.CANCELLED] += 1
             self._started.discard(job)
@@ -239,37 +288,25 @@ class Orchestrator:
         return done
 
     async def _member(self, item: NumberedTask, member: int) -> None:
-        self._started.add(asyncio.current_task())
+        job = asyncio.current_task()
+        self._started.add(job)
         attempt = 0
         while True:
-            trajectory = await self._guarded_episode(item, member, attempt)
+            trajectory = await self._episode(item, member, attempt)
             if trajectory is None:
-                return
+                break
             self.status_counts[trajectory.status] += 1
             if not self.queue.should_retry(trajectory, attempt):
                 if await self.queue.put(trajectory) == Admitted.DOOMED:
                     self._cancel_members(item.group_id)
-                return
+                break
             tracer = tracing.get()  # the failed attempt's flow ends here
             tracer.instant(tracer.track("rollout"), "retry", ends=(flow_id(trajectory.id),))
             attempt += 1
             self.retries += 1
-
-    async def _guarded_episode(
-        self, item: NumberedTask, member: int, attempt: int
-    ) -> Trajectory | None:
-        """The member's trajectory, or None when it could not run (its group is then dropped)."""
-        try:
-            return await self._episode(item, member, attempt)
-        except asyncio.CancelledError:
-            raise
-        except Exception:
-            log.exception("group %s member %d could not run", item.group_id, member)
-            self.member_failures += 1
-            self.status_counts[TrajectoryStatus.ENV_ERROR] += 1
-            if self.queue.fail(item.group_id):
-                self._cancel_members(item.group_id)
-            return None
+        # Not in a `finally`: a cancelled member leaves its slot to the done callback, so
+        # nothing new starts from a task that is being cancelled (say, at the loop's shutdown).
+        self._release(job)
 
     def _cancel_members(self, group_id: str) -> None:
         if not self.settings.cancel_doomed:
@@ -282,10 +319,36 @@ class Orchestrator:
 
     def _withdraw(self, group_id: str) -> None:
         self.queue.withdraw(group_id)
+        current = asyncio.current_task()  # a member of the group that just ended normally
         for job in list(self._members.get(group_id, ())):
-            job.cancel()
+            if job is not current:
+                job.cancel()
 
-    async def _episode(self, item: NumberedTask, member: int, attempt: int) -> Trajectory:
+    async def _episode(self, item: NumberedTask, member: int, attempt: int) -> Trajectory | None:
+        """The member's trajectory, or None when it could not run (its group is then dropped).
+
+        One coroutine, not a guard around another: every resumption of the episode passes
+        through each frame of the await chain."""
+        episode = None
+        try:
+            episode = self._build_episode(item, member, attempt)
+            return await episode.run()
+        except asyncio.CancelledError:
+            if episode is not None:
+                self.status_counts[TrajectoryStatus.CANCELLED] += 1
+            raise
+        except Exception:
+            log.exception("group %s member %d could not run", item.group_id, member)
+            self.member_failures += 1
+            self.status_counts[TrajectoryStatus.ENV_ERROR] += 1
+            if self.queue.fail(item.group_id):
+                self._cancel_members(item.group_id)
+            return None
+        finally:
+            if episode is not None and episode.close_error:
+                self.env_close_failures += 1
+
+    def _build_episode(self, item: NumberedTask, member: int, attempt: int) -> Episode:
         s = self.settings
         group_id = item.group_id
         spec = EpisodeSpec(
@@ -302,15 +365,7 @@ class Orchestrator:
             log.warning("environment for task %s could not be built: %.200s", item.task.id, e)
             self.env_build_failures += 1
             env = _Unbuilt(e)
-        episode = Episode(spec, self.engine, self.make_agent(), env, s.limits)
-        try:
-            return await episode.run()
-        except asyncio.CancelledError:
-            self.status_counts[TrajectoryStatus.CANCELLED] += 1
-            raise
-        finally:
-            if episode.close_error:
-                self.env_close_failures += 1
+        return Episode(spec, self.engine, self.make_agent(), env, s.limits)
 
     def stop(self) -> None:
         """Start no new groups; running episodes finish normally."""

@@ -26,6 +26,7 @@ from asyncrl.metrics.plots import lag_histogram, learning_curve, queue_occupancy
 from asyncrl.metrics.tracker import JsonlTracker, TensorBoardTracker, Tracker, Trackers
 from asyncrl.model import build_model
 from asyncrl.model import hf_checkpoint as hf
+from asyncrl.rollout.gc_tuning import tuned_for_rollout
 from asyncrl.run_layout import RunLayout, Stage
 from asyncrl.sampling.protocol import RolloutEngine
 from asyncrl.wiring import faults, lockstep
@@ -121,7 +122,7 @@ def _lead(cfg, wiring, layout, learner, checkpointer, placement, record, source)
             kill=faults.kill_point(),
         )
         run.evals.extend(record.evals)
-        with tracing.tracing(_tracer(cfg, layout)):
+        with tracing.tracing(_tracer(cfg, layout)), tuned_for_rollout():  # start-up is done
             state = asyncio.run(run.main(record.state))
     return state, run.evals
 
