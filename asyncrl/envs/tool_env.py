@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 from asyncrl.config.rollout import MalformedToolCall
 from asyncrl.envs.base import Action, ActionKind, StepResult
-from asyncrl.rewards import exact_match, reward_parts
+from asyncrl.rewards import reward_parts
 from asyncrl.tools.base import ToolStatus
 from asyncrl.tools.executor import ToolExecutor
 from asyncrl.types import Message, Role, Task, TrajectoryStatus
@@ -21,7 +21,8 @@ from asyncrl.types import Message, Role, Task, TrajectoryStatus
 
 def _answer(task: Task, action: Action) -> StepResult:
     parts = reward_parts(task, action.content)
-    return StepResult(done=True, reward=exact_match(task, action.content), reward_parts=parts)
+    reward = dict(parts)["exact_match"]  # the rewarded part, computed once
+    return StepResult(done=True, reward=reward, reward_parts=parts)
 
 
 def _invalid() -> StepResult:
