@@ -81,17 +81,25 @@ class FakeEngine:
 
 @contextlib.contextmanager
 def served(
-    engine=None, *, root: Path | None = None, settings=FAST, load_params=None, limits=LIMITS
+    engine=None,
+    *,
+    root: Path | None = None,
+    settings=FAST,
+    load_params=None,
+    limits=LIMITS,
+    token: Token = TOKEN,
+    model_digest: str = "",
 ):
     """A RolloutServer on a loopback port, served from a background thread's event loop."""
     engine = engine if engine is not None else FakeEngine()
     server = RolloutServer(
         engine,
         load_params or (lambda path: ("params", path)),
-        token=Token(SECRET),
+        token=token,
         limits=limits,
         weights_root=root or Path(tempfile.gettempdir()) / "no-such-weights-root",
         settings=settings,
+        model_digest=model_digest,
     )
     started, box = threading.Event(), {}
 
@@ -399,7 +407,7 @@ def test_the_real_engine_survives_what_used_to_kill_it():
         engine.close()
     assert [r["error"] for r in bad] == ["bad_request", "bad_request"]
     assert good["ok"] and 1 <= len(good["completion"]["tokens"]) <= 4
-    assert health == {"ok": True, "version": 0, "slots_in_use": 0}
+    assert health == {"ok": True, "version": 0, "slots_in_use": 0, "model": ""}
 
 
 # -- a closed engine -----------------------------------------------------------------------------
@@ -585,7 +593,7 @@ def test_a_failed_load_names_the_version_not_the_path_or_the_exception(tmp_path)
         "error": "load_failed",
         "message": "weights version 7 could not be loaded",
     }
-    assert health == {"ok": True, "version": 0, "slots_in_use": 0}
+    assert health == {"ok": True, "version": 0, "slots_in_use": 0, "model": ""}
 
 
 def test_publish_loads_each_version_and_the_trainer_keeps_the_last_two(tmp_path):
@@ -703,3 +711,120 @@ def test_the_server_runs_as_uid_1000_and_refuses_a_token_it_cannot_read():
         for path in (mine, roots):
             path.unlink()
         home.rmdir()
+
+
+# -- a replica that comes back -------------------------------------------------------------------
+# A replica "restarts" as a new server (a new engine that starts at version 0) on the same port.
+
+
+def test_probe_delays_double_up_to_the_cap_with_jitter():
+    import random
+
+    from asyncrl.serving.admission import Backoff
+
+    backoff, rng = Backoff(base_s=0.5, max_s=8.0), random.Random(0)
+    for attempt in range(12):
+        ceiling = min(8.0, 0.5 * 2**attempt)
+        delays = [backoff.delay(attempt, rng) for _ in range(200)]
+        assert all(ceiling / 2 <= d <= ceiling for d in delays)
+        assert max(delays) - min(delays) > ceiling / 4  # jittered, not one fixed wait
+    assert backoff.delay(10**6, rng) <= 8.0  # no overflow, still capped
+    for bad in ((0.0, 1.0), (2.0, 1.0), (1.0, float("inf"))):
+        with pytest.raises(ValueError, match="Backoff"):
+            Backoff(base_s=bad[0], max_s=bad[1])
+
+
+def _probing_client(ports: list[int], root: Path, **kw) -> RemoteEngine:
+    return RemoteEngine(
+        [("127.0.0.1", p) for p in ports],
+        root,
+        lambda params, folder: folder.mkdir(),
+        0,
+        token=TOKEN,
+        settings=ClientSettings(probe_interval_s=0.05, probe_max_backoff_s=0.2, **kw),
+    )
+
+
+def _on_port(port: int) -> ServerSettings:
+    return ServerSettings(port=port, read_timeout_s=0.5, write_timeout_s=1.0, max_connections=4)
+
+
+def test_a_restarted_replica_catches_up_to_the_current_version_and_serves_again(tmp_path):
+    from asyncrl.serving.admission import ReplicaState
+
+    other = FakeEngine()
+    with served(FakeEngine(), root=tmp_path) as first, served(other, root=tmp_path) as spare:
+        port = first.port
+        remote = _probing_client([port, spare.port], tmp_path)
+        remote.publish("params-1", 1)
+        _wait_for(lambda: other.version == 1)
+    with served(other, root=tmp_path, settings=_on_port(spare.port)):
+        # The first replica is gone: the request in flight on it fails (the orchestrator retries
+        # it), the next goes to the other replica, and a publish reaches only the live one.
+        with pytest.raises(EngineClosed, match=f"127.0.0.1:{port} is gone"):
+            asyncio.run(remote.generate(GenerateRequest(prompt=(1, 2))))
+        assert [r.alive for r in remote.replicas] == [False, True]
+        assert asyncio.run(remote.generate(GenerateRequest(prompt=(1, 2)))).versions == (1, 1, 1)
+        remote.publish("params-2", 2)
+        _wait_for(lambda: other.version == 2)
+
+        back = FakeEngine()
+        with served(back, root=tmp_path, settings=_on_port(port)):
+            _wait_for(lambda: remote.replicas[0].alive)
+            # Live only once it holds the current weights, loaded from the version folder.
+            assert remote.replicas[0].alive and back.requests == []
+            assert back.published == [(("params", str(tmp_path.resolve() / "v2")), 2)]
+            completion = asyncio.run(remote.generate(GenerateRequest(prompt=(1, 2))))
+            assert len(back.requests) == 1 and completion.versions == (2, 2, 2)
+    remote.close()
+    mine = [(t.state, t.version) for t in remote.transitions if t.replica == f"127.0.0.1:{port}"]
+    assert mine == [
+        (ReplicaState.ALIVE, None),
+        (ReplicaState.DEAD, None),
+        (ReplicaState.READMITTED, 2),
+    ]
+    assert remote.lost == [f"127.0.0.1:{port}"] and remote.replicas[0].admissions == 1
+
+
+@pytest.mark.parametrize(
+    "comes_back_with, refused",
+    [
+        ({"token": Token("another-token-0123456789abcdef")}, "auth: it refused our token"),
+        ({"model_digest": "another-model"}, "incompatible: it serves model another-mode"),
+    ],
+    ids=["another-token", "another-model"],
+)
+def test_a_replica_that_comes_back_with_another_token_or_model_is_not_readmitted(
+    tmp_path, comes_back_with, refused
+):
+    with served(model_digest="mine") as first:
+        port = first.port
+        remote = _probing_client([port], tmp_path, model_digest="mine")
+        assert remote.health()[f"127.0.0.1:{port}"]["ok"] is True
+        remote.publish("params-1", 1)
+    start = time.monotonic()  # no probe before the death
+    with pytest.raises(EngineClosed):
+        asyncio.run(remote.generate(GenerateRequest(prompt=(1,))))
+    stranger = FakeEngine()
+    with served(stranger, root=tmp_path, settings=_on_port(port), **comes_back_with):
+        _wait_for(lambda: remote.replicas[0].probes >= 4)
+        held_s = time.monotonic() - start
+        replica = remote.replicas[0]
+        assert not replica.alive and replica.probe_error.startswith(refused)
+        assert stranger.published == [] and stranger.requests == []  # nothing reached it
+        # Backed off, never a busy loop: at least 0.025 s before the first probe and 0.1 s
+        # between later ones (interval 0.05 s, cap 0.2 s, each wait at least half its value).
+        assert replica.probes <= 2 + held_s / 0.05
+    with served(FakeEngine(), root=tmp_path, settings=_on_port(port), model_digest="mine"):
+        _wait_for(lambda: remote.replicas[0].alive)  # the right one is admitted on the same port
+        assert remote.replicas[0].alive
+    remote.close()
+
+
+def test_health_marks_a_live_replica_serving_another_model_dead():
+    with served(model_digest="theirs") as server:
+        remote = client(server.port, model_digest="mine")
+        reply = remote.health()[f"127.0.0.1:{server.port}"]
+        remote.close()
+    assert reply["ok"] is False and remote.exhausted
+    assert remote.replicas[0].cause.startswith("incompatible: it serves model theirs")

@@ -70,13 +70,14 @@ def test_with_every_replica_gone_the_orchestrator_stops_with_a_clear_error(tmp_p
     from asyncrl.rollout.groups import GroupQueue
     from asyncrl.rollout.orchestrator import Orchestrator, OrchestratorSettings
     from asyncrl.sampling.protocol import EngineClosed
+    from asyncrl.serving.admission import ReplicaState
     from asyncrl.serving.client import RemoteEngine
     from asyncrl.wiring.episodes import Wiring
 
     cfg = micro_config()
     wiring = Wiring.of(cfg)
     engine = RemoteEngine([("127.0.0.1", 9)], tmp_path, save_params=None, health_interval_s=0)
-    engine.replicas[0].alive = False  # the only replica has died
+    engine.replicas[0].state = ReplicaState.DEAD  # the only replica has died
     settings = OrchestratorSettings(
         group_size=4, max_concurrency=8, limits=wiring.limits(), sampling=wiring.sampling()
     )
@@ -191,3 +192,166 @@ def test_asyncrl_rollout_server_serves_token_holders_only(tmp_path, monkeypatch)
         proc.wait(30)
     assert proc.returncode == -signal.SIGTERM
     assert f"LISTENING {host}:{port}" in (tmp_path / "replica.log").read_text()
+
+
+# -- re-admission ---------------------------------------------------------------------------------
+
+
+def test_the_probe_backoff_and_model_digest_come_from_the_config():
+    from asyncrl.config import load_config_text, to_yaml
+    from asyncrl.serving.admission import model_digest
+    from asyncrl.serving.client import ClientSettings
+
+    cfg = micro_config(
+        "cluster.rollout_probe_interval_s=0.5", "cluster.rollout_probe_max_backoff_s=9"
+    )
+    s = ClientSettings.of(cfg)
+    assert (s.probe_interval_s, s.probe_max_backoff_s) == (0.5, 9.0)
+    # A local replica reads the trainer's config from YAML: the same digest, so it is admitted;
+    # another model, tokenizer or context window is not.
+    assert s.model_digest == model_digest(load_config_text(to_yaml(cfg)))
+    for change in ("model.n_layers=1", "tokenizer.chat_format=llama3", "env.max_context=128"):
+        assert model_digest(micro_config(change)) != s.model_digest, change
+    assert model_digest(micro_config("cluster.rollout_port=9000")) == model_digest(micro_config())
+
+
+@pytest.mark.parametrize(
+    "overrides, key, allowed",
+    [
+        (["cluster.rollout_probe_interval_s=0"], "rollout_probe_interval_s", "[0.01, 2592000]"),
+        (["cluster.rollout_probe_max_backoff_s=.nan"], "rollout_probe_max_backoff_s", "finite"),
+        (
+            ["cluster.rollout_probe_interval_s=10", "cluster.rollout_probe_max_backoff_s=5"],
+            "rollout_probe_max_backoff_s",
+            "seconds >= rollout_probe_interval_s (10)",
+        ),
+    ],
+)
+def test_bad_probe_settings_are_refused_naming_the_key(overrides, key, allowed):
+    from asyncrl.config import ConfigError
+
+    with pytest.raises(ConfigError, match=f"cluster.{key}") as e:
+        micro_config(*overrides)
+    assert allowed in str(e.value)
+
+
+def _start_replica(tmp_path, config, token_file, name: str, port: int = 0):
+    """A replica process as an operator starts it; returns (process, port) once it serves."""
+    import subprocess
+    import sys
+
+    ready = tmp_path / f"{name}.address"
+    cmd = [sys.executable, "-m", "asyncrl.serving.replica", str(config), *TINY_ENGINE]
+    cmd += ["--port", str(port), "--token-file", str(token_file), "--ready-file", str(ready)]
+    cmd += ["--weights-root", str(tmp_path / "weights")]
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    log = (tmp_path / f"{name}.log").open("w")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+    deadline = time.monotonic() + 300
+    while not ready.exists():
+        assert proc.poll() is None, (tmp_path / f"{name}.log").read_text()[-3000:]
+        assert time.monotonic() < deadline, f"{name} did not announce itself"
+        time.sleep(0.1)
+    return proc, int(ready.read_text().rsplit(":", 1)[1])
+
+
+def _until(condition, timeout_s: float) -> float:
+    """Seconds until `condition()` held (it must within `timeout_s`)."""
+    start = time.monotonic()
+    while not condition():
+        assert time.monotonic() - start < timeout_s, "condition not met in time"
+        time.sleep(0.05)
+    return time.monotonic() - start
+
+
+@pytest.mark.slow  # four replica processes, each compiling its engine: ~1 min idle, more loaded
+def test_a_killed_replica_restarted_on_its_port_is_readmitted_with_the_current_weights(
+    tmp_path, monkeypatch
+):
+    """SIGKILL one of two real replicas: its request fails (the orchestrator retries it), the
+    other serves on. A process on the same port with another token is never admitted; one with
+    the shared token is, within the probe backoff, at the trainer's current version, and serves."""
+    import asyncio
+
+    from asyncrl.config import to_yaml
+    from asyncrl.model import build_model
+    from asyncrl.model import hf_checkpoint as hf
+    from asyncrl.sampling.protocol import EngineClosed
+    from asyncrl.serving.admission import ReplicaState
+    from asyncrl.serving.auth import TOKEN_ENV, load_token
+    from asyncrl.serving.client import ClientSettings, RemoteEngine
+    from asyncrl.types import GenerateRequest, SamplingParams
+
+    monkeypatch.delenv(TOKEN_ENV, raising=False)
+    probing = ("cluster.rollout_probe_interval_s=0.2", "cluster.rollout_probe_max_backoff_s=1")
+    cfg = micro_config(*TINY_ENGINE, *probing)
+    config = tmp_path / "c.yaml"
+    config.write_text(to_yaml(micro_config()))  # TINY_ENGINE comes as overrides, as in cfg
+    token_file, wrong_file = tmp_path / "token", tmp_path / "wrong-token"
+    token_file.write_text("the-shared-test-token-0123456789\n")
+    wrong_file.write_text("a-stale-replicas-token-987654321\n")
+    procs = []
+    try:
+        (a, port_a), (b, port_b) = (
+            _start_replica(tmp_path, config, token_file, name) for name in ("a", "b")
+        )
+        procs += [a, b]
+        remote = RemoteEngine(
+            [("127.0.0.1", port_a), ("127.0.0.1", port_b)],
+            tmp_path / "weights",
+            lambda model, folder: hf.save(model, str(folder)),
+            0,
+            token=load_token(token_file),
+            settings=ClientSettings.of(cfg),
+        )
+        request = GenerateRequest(prompt=(1, 2, 3), params=SamplingParams(max_tokens=4, seed=5))
+
+        def generate():
+            return asyncio.run(remote.generate(request))
+
+        def versions():
+            health = remote.health()
+            return [health[r.name].get("version") for r in remote.replicas]
+
+        model = build_model(cfg.model, seed=cfg.seed)
+        remote.publish(model, 1)
+        _until(lambda: versions() == [1, 1], 60)
+        assert set(generate().versions) == {1}
+
+        a.kill()  # SIGKILL: no goodbye
+        a.wait(10)
+        with pytest.raises(EngineClosed, match=f"127.0.0.1:{port_a} is gone"):
+            generate()  # in flight on the dead one: the orchestrator's retry re-issues it
+        assert set(generate().versions) == {1}  # on the other
+        remote.publish(model, 2)
+        _until(lambda: versions() == [None, 2], 60)
+
+        stale, _ = _start_replica(tmp_path, config, wrong_file, "stale", port_a)
+        procs.append(stale)
+        probes = remote.replicas[0].probes
+        _until(lambda: remote.replicas[0].probes >= probes + 3, 30)
+        assert not remote.replicas[0].alive
+        assert remote.replicas[0].probe_error.startswith("auth: it refused our token")
+        stale.kill()
+        stale.wait(10)
+
+        back, _ = _start_replica(tmp_path, config, token_file, "back", port_a)
+        procs.append(back)
+        # Re-admitted within one capped backoff (1 s, plus a probe's own time).
+        assert _until(lambda: remote.replicas[0].alive, 30) < 10
+        b.kill()  # from now on only the re-admitted replica can serve
+        b.wait(10)
+        assert set(generate().versions) == {2}  # it loaded v2 before it served
+        name = remote.replicas[0].name
+        mine = [(t.state, t.version) for t in remote.transitions if t.replica == name]
+        assert mine == [
+            (ReplicaState.ALIVE, None),
+            (ReplicaState.DEAD, None),
+            (ReplicaState.READMITTED, 2),
+        ]
+        remote.close()
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait(10)

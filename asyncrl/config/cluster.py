@@ -70,6 +70,11 @@ class ClusterConfig:
     rollout_read_timeout_s: float = field(default=30.0, metadata=seconds())
     # Weight versions kept in the weights root after a publish (the one just sent included).
     rollout_keep_versions: int = field(default=2, metadata=bounds(1, 1000))
+    # The trainer probes a dead replica (a restarted pod keeps its DNS name) first after about
+    # this many seconds, then with doubling waits up to rollout_probe_max_backoff_s, each drawn
+    # in (1/2, 1] of its value; a replica that passes (token, model, current weights) serves again.
+    rollout_probe_interval_s: float = field(default=5.0, metadata=seconds(0.01))
+    rollout_probe_max_backoff_s: float = field(default=60.0, metadata=seconds(0.01))
     # GCP project, location and cluster for the gke backend.
     project: str = ""
     location: str = ""
@@ -223,6 +228,18 @@ class ClusterConfig:
             "rollout_keep_versions",
             self.rollout_keep_versions,
             "an integer >= 1",
+        )
+        require(
+            self.rollout_probe_interval_s > 0,
+            "rollout_probe_interval_s",
+            self.rollout_probe_interval_s,
+            "a number of seconds > 0",
+        )
+        require(
+            self.rollout_probe_max_backoff_s >= self.rollout_probe_interval_s,
+            "rollout_probe_max_backoff_s",
+            self.rollout_probe_max_backoff_s,
+            f"seconds >= rollout_probe_interval_s ({self.rollout_probe_interval_s:g})",
         )
 
     def _check_jobset(self) -> None:

@@ -27,6 +27,7 @@ from pathlib import Path
 from asyncrl.config import RunConfig
 from asyncrl.config.cluster import is_ip
 from asyncrl.config.errors import MAX_SECONDS
+from asyncrl.serving.admission import model_digest
 from asyncrl.serving.auth import (
     TOKEN_ENV,
     Token,
@@ -111,6 +112,7 @@ def serve(
         limits=limits,
         weights_root=weights_root,
         settings=settings,
+        model_digest=model_digest(cfg),
     )
     try:
         asyncio.run(_serve_announced(server, ready_file))

@@ -69,12 +69,14 @@ class RolloutServer:
         limits: WireLimits,
         weights_root: Path,
         settings: ServerSettings = ServerSettings(),
+        model_digest: str = "",
     ) -> None:
         if not isinstance(token, Token):
             raise TypeError("RolloutServer needs a Token: a replica never serves without one")
         self.engine, self.load_params = engine, load_params
         self.token, self.limits, self.settings = token, limits, settings
         self.weights_root = Path(weights_root)
+        self.model_digest = model_digest  # reported by health: what the trainer checks on admission
         self.host, self.port = settings.host, settings.port
         self.active = 0  # connections being served
         self._publishing = asyncio.Lock()
@@ -150,6 +152,7 @@ class RolloutServer:
                 "ok": True,
                 "version": self.engine.version,
                 "slots_in_use": self.engine.slots_in_use,
+                "model": self.model_digest,
             }
         if op == "generate":
             return await self._generate(message, reader)

@@ -4,8 +4,9 @@ One connection carries one exchange: the client sends one JSON object on one lin
 answers with one JSON object on one line and closes.
     {"token": T, "op": "generate", "request": {...}}       -> {"ok": true, "completion": {...}}
     {"token": T, "op": "publish", "version": v, "path": "v<v>"} -> {"ok": true, "version": v}
-    {"token": T, "op": "health"}   -> {"ok": true, "version": v, "slots_in_use": n}
+    {"token": T, "op": "health"}   -> {"ok": true, "version": v, "slots_in_use": n, "model": d}
     any failure                    -> {"ok": false, "error": <ErrorCode>, "message": short text}
+(d: the replica's model digest, `admission.model_digest`; the trainer admits only its own.)
 
 Owns the byte limits of both directions (`WireLimits`, derived from the context window, so the
 largest completion a config allows always fits) and the decoding of a peer's bytes into a dict.
@@ -47,6 +48,7 @@ class ErrorCode(enum.StrEnum):
     # Client-side only: the reply broke the protocol or was over the client's limit.
     BAD_REPLY = "bad_reply"
     REPLY_TOO_LARGE = "reply_too_large"
+    INCOMPATIBLE = "incompatible"  # the replica serves another model, tokenizer or context
 
 
 class WireError(Exception):
