@@ -21,7 +21,8 @@ contention from other processes still inflates it.
 
 The garbage collector is set as a training process sets it after start-up
 (`rollout/gc_tuning.tune_for_rollout`: heap frozen, generation-0 threshold raised); `--default-gc`
-keeps CPython's defaults instead.
+keeps CPython's defaults instead. Each mode runs on the loop the train stage runs episodes on
+(`rollout/event_loop.py`: uvloop); `--asyncio-loop` uses asyncio's own loop instead.
 
 Targets (issue 15), on both workloads in one run: the orchestrator ≥ 90% of the bound and ≥ 3× the
 synchronous batch, with ≤ 1.5 ms of event-loop CPU per episode ("targets" column).
@@ -42,6 +43,7 @@ from asyncrl.agents import ToolAgent
 from asyncrl.envs.latency import DelayedTool, LatencySpec
 from asyncrl.envs.tasks import task_stream
 from asyncrl.envs.tool_env import ToolEnvironment
+from asyncrl.rollout import event_loop
 from asyncrl.rollout.episode import Episode, EpisodeLimits, EpisodeSpec
 from asyncrl.rollout.gc_tuning import tune_for_rollout
 from asyncrl.rollout.groups import GroupQueue
@@ -269,6 +271,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--default-gc", action="store_true", help="CPython's GC settings")
+    parser.add_argument("--asyncio-loop", action="store_true", help="asyncio's loop, not uvloop")
     args = parser.parse_args()
     if not args.default_gc:
         tune_for_rollout()
@@ -297,7 +300,7 @@ def main() -> None:
                 coro = sync_batch(engine, work, args.seconds, args.concurrency)
             else:
                 coro = orchestrated(engine, work, args.seconds, args.concurrency, warmup=3.0)
-            rates[mode] = asyncio.run(coro)
+            rates[mode] = asyncio.run(coro) if args.asyncio_loop else event_loop.run(coro)
         b = bound(spec, args)
         orch = rates["orchestrator"]
         speedup = orch.groups_per_min / rates["sync"].groups_per_min

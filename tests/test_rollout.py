@@ -17,6 +17,7 @@ from asyncrl.envs.latency import DelayedEnvironment, DelayedTool, LatencySpec
 from asyncrl.envs.registry import build_environment
 from asyncrl.envs.tasks import calculator_task, heldout, lookup_task, task_stream
 from asyncrl.envs.tool_env import ToolEnvironment
+from asyncrl.rollout import event_loop
 from asyncrl.rollout.episode import Episode, EpisodeLimits, EpisodeSpec
 from asyncrl.rollout.gc_tuning import GEN0_THRESHOLD, tuned_for_rollout
 from asyncrl.rollout.groups import GroupQueue
@@ -337,6 +338,23 @@ def test_failure_policies(policy):
         assert orch.retries == 1
         assert all(t.status == TrajectoryStatus.COMPLETED for t in group.trajectories)
         assert sorted(t.id for t in group.trajectories)[1].endswith("/1~1")
+
+
+def test_the_rollout_loop_is_uvloop_and_ends_episodes_as_asyncio_does():
+    """The train stage's loop (rollout/event_loop.py): a deadline still ends a hung member."""
+
+    async def go():
+        queue = GroupQueue(group_size=4, policy="zero")
+        orch = _orchestrator(_flaky_engine({"1"}), queue, timeout_s=0.2)
+        await orch.run(numbered([TASK]))
+        members = queue.get_nowait().trajectories
+        kind = type(asyncio.get_running_loop()).__module__
+        return kind, sorted((t.id, t.status, t.reward, t.tokens) for t in members)
+
+    kind, on_rollout_loop = event_loop.run(go())
+    _, on_asyncio = asyncio.run(go())
+    assert kind.startswith("uvloop") and on_rollout_loop == on_asyncio
+    assert [status for _, status, _, _ in on_asyncio].count(TrajectoryStatus.TIMEOUT) == 1
 
 
 def test_retries_are_bounded_then_the_group_is_dropped():

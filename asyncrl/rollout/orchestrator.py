@@ -28,7 +28,7 @@ import collections
 import hashlib
 import logging
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields
 from typing import Protocol
 
 from asyncrl import tracing
@@ -164,6 +164,8 @@ class Orchestrator:
         self._running: set[asyncio.Task] = set()
         self._started: set[asyncio.Task] = set()  # members whose coroutine began
         self._holding: set[asyncio.Task] = set()  # members that still hold their slot
+        self._sampling_base: SamplingParams | None = None
+        self._sampling_fields: dict[str, object] = {}
         self._members: dict[str, set[asyncio.Task]] = collections.defaultdict(set)
         self._stopping = False
         self.groups_started = 0
@@ -355,7 +357,7 @@ class Orchestrator:
             episode_id=f"{group_id}/{member}" + (f"~{attempt}" if attempt else ""),
             group_id=group_id,
             task=item.task,
-            sampling=replace(s.sampling, seed=member_seed(s.seed, group_id, member, attempt)),
+            sampling=self._member_sampling(member_seed(s.seed, group_id, member, attempt)),
             attempt=attempt,
             replay=item.replay,
         )
@@ -366,6 +368,15 @@ class Orchestrator:
             self.env_build_failures += 1
             env = _Unbuilt(e)
         return Episode(spec, self.engine, self.make_agent(), env, s.limits)
+
+    def _member_sampling(self, seed: int) -> SamplingParams:
+        """The settings' sampling with a member's seed (`replace` reads the fields every time)."""
+        base = self.settings.sampling
+        if base is not self._sampling_base:  # the settings can be swapped between runs
+            names = (f.name for f in fields(base) if f.name != "seed")
+            self._sampling_base = base
+            self._sampling_fields = {name: getattr(base, name) for name in names}
+        return SamplingParams(**self._sampling_fields, seed=seed)
 
     def stop(self) -> None:
         """Start no new groups; running episodes finish normally."""

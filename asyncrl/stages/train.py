@@ -9,7 +9,6 @@ safetensors), the metrics (JSONL), the plots and the trace under `<run>/train/`,
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import time
@@ -26,6 +25,7 @@ from asyncrl.metrics.plots import lag_histogram, learning_curve, queue_occupancy
 from asyncrl.metrics.tracker import JsonlTracker, TensorBoardTracker, Tracker, Trackers
 from asyncrl.model import build_model
 from asyncrl.model import hf_checkpoint as hf
+from asyncrl.rollout import event_loop
 from asyncrl.rollout.gc_tuning import tuned_for_rollout
 from asyncrl.run_layout import RunLayout, Stage
 from asyncrl.sampling.protocol import RolloutEngine
@@ -123,7 +123,7 @@ def _lead(cfg, wiring, layout, learner, checkpointer, placement, record, source)
         )
         run.evals.extend(record.evals)
         with tracing.tracing(_tracer(cfg, layout)), tuned_for_rollout():  # start-up is done
-            state = asyncio.run(run.main(record.state))
+            state = event_loop.run(run.main(record.state))
     return state, run.evals
 
 
