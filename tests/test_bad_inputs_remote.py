@@ -797,11 +797,13 @@ def test_a_restarted_replica_catches_up_to_the_current_version_and_serves_again(
 def test_a_replica_that_comes_back_with_another_token_or_model_is_not_readmitted(
     tmp_path, comes_back_with, refused
 ):
-    with served(model_digest="mine") as first:
+    engine = FakeEngine()
+    with served(engine, model_digest="mine") as first:
         port = first.port
         remote = _probing_client([port], tmp_path, model_digest="mine")
         assert remote.health()[f"127.0.0.1:{port}"]["ok"] is True
         remote.publish("params-1", 1)
+        _wait_for(lambda: engine.version == 1)  # announced before the replica goes
     start = time.monotonic()  # no probe before the death
     with pytest.raises(EngineClosed):
         asyncio.run(remote.generate(GenerateRequest(prompt=(1,))))
