@@ -48,8 +48,6 @@ PIPELINE_OVERRIDES = (
     "gate.min_solve_rate=0.0",
     "gate.min_gain=0.0",
     "tracing.tensorboard=false",
-    "rollout.prefill_buckets=[256]",  # = env.max_context: one prefill shape to compile per process
-    "rollout.attention_windows=[256]",
 )
 
 

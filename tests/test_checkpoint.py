@@ -246,8 +246,6 @@ def _resume_cfg(tmp_path, steps):
         "env.train_size=8",
         "checkpoint.every_steps=1",
         "checkpoint.async_save=false",
-        "rollout.prefill_buckets=[256]",  # = env.max_context: one prefill shape, any prompt fits
-        "rollout.attention_windows=[256]",  # and one attention window to compile
     )
 
 

@@ -23,7 +23,12 @@ VOCAB = 272  # the byte tokenizer's ids; the micro model has 320 rows
 
 @pytest.fixture(scope="module")
 def cfg():
-    return micro_config("rollout.engine_slots=4", "rollout.engine_queue=64")
+    return micro_config(
+        "rollout.engine_slots=4",
+        "rollout.engine_queue=64",
+        "rollout.prefill_buckets=[16,64,128]",  # several shapes: bucketing is under test here
+        "rollout.attention_windows=[64,128,256]",
+    )
 
 
 @pytest.fixture(scope="module")
