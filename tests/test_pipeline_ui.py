@@ -270,7 +270,11 @@ def test_train_page_embeds_the_learning_curve_and_metrics_skip_what_is_not_a_num
 
 
 def _gate(cfg, solve: Estimate, champion: dict | None) -> GateResult:
-    candidate = {"solve_rate": solve, "mean_reward": Estimate(0.4, 0.3, 0.5, 128)}
+    candidate = {
+        "solve_rate": solve,
+        "mean_reward": Estimate(0.4, 0.3, 0.5, 128),
+        "failed/truncated": wilson(12, 128, 0.95),
+    }
     report = decide(candidate, champion, cfg.gate, "run-0", start_solve_rate=0.2)
     return GateResult(
         passed=report.passed,
@@ -295,6 +299,7 @@ def test_gate_page_is_its_verdict_table_and_its_metrics_carry_intervals():
         (c.name.replace(">", "&gt;"), "pass" if c.passed else "FAIL") for c in low.checks
     ]
     assert "Quality gate FAILED" in page and wilson(20, 128, 0.95).text() in page
+    assert "<td>failed/truncated</td><td>9.4% [" in page and "<td>0.4 [0.3, 0.5]</td>" in page
     m = visuals.gate_metrics(low)
     assert m["gate_passed"] == 0.0 and m["checks_failed"] == len(low.failed) >= 1
     assert m["solve_rate_low"] < m["solve_rate"] < m["solve_rate_high"]

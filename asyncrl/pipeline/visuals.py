@@ -116,7 +116,8 @@ def _table(head: Iterable[str], rows: Iterable[Iterable[object]]) -> str:
 
 
 def _estimate(e: Estimate | None, name: str = "solve_rate") -> str:
-    return "—" if e is None else e.text(is_rate(name))
+    rate = is_rate(name) or name.startswith("failed/")  # the gate's per-cause failure rates
+    return "—" if e is None else e.text(rate)
 
 
 def skipped_html(stage: str) -> str:
