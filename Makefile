@@ -19,8 +19,11 @@ setup: $(STAMP)
 run: setup
 	$(BIN)/asyncrl run configs/local.yaml
 
+# The default suite on two pytest-xdist workers (this machine's two cores; compile-bound tests
+# overlap well); the tests that read a shared whole-pipeline run go to one worker (tests/conftest.py).
+TEST_WORKERS ?= 2
 test: setup lint browser
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup
 
 # Debian's chromium for the report's browser test, where it can be installed (root with apt);
 # elsewhere that one test is skipped and says why.

@@ -19,6 +19,17 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 
 import pytest  # noqa: E402  (after the environment above: JAX reads it at import)
 
+# The whole-pipeline runs are session fixtures: under pytest-xdist (`make test` runs two workers),
+# every test that reads one is sent to the same worker, so each run is made once per session.
+_SHARED_RUNS = {"passing_run", "failing_gate_run"}
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's worker hook, which reads the groups
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if _SHARED_RUNS & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.xdist_group("pipeline-runs"))
+
 
 @pytest.fixture(scope="session")
 def gcs_bucket():

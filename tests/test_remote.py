@@ -210,8 +210,13 @@ def test_the_probe_backoff_and_model_digest_come_from_the_config():
     # A local replica reads the trainer's config from YAML: the same digest, so it is admitted;
     # another model, tokenizer or context window is not.
     assert s.model_digest == model_digest(load_config_text(to_yaml(cfg)))
-    for change in ("model.n_layers=1", "tokenizer.chat_format=llama3", "env.max_context=128"):
-        assert model_digest(micro_config(change)) != s.model_digest, change
+    narrower = (
+        "env.max_context=128",
+        "rollout.prefill_buckets=[128]",
+        "rollout.attention_windows=[128]",
+    )
+    for change in (("model.n_layers=1",), ("tokenizer.chat_format=llama3",), narrower):
+        assert model_digest(micro_config(*change)) != s.model_digest, change
     assert model_digest(micro_config("cluster.rollout_port=9000")) == model_digest(micro_config())
 
 
