@@ -23,7 +23,7 @@ run: setup
 # overlap well); the tests that read a shared whole-pipeline run go to one worker (tests/conftest.py).
 TEST_WORKERS ?= 2
 test: setup lint browser
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS)
 
 # Debian's chromium for the report's browser test, where it can be installed (root with apt);
 # elsewhere that one test is skipped and says why.

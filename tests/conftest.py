@@ -19,16 +19,32 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 
 import pytest  # noqa: E402  (after the environment above: JAX reads it at import)
 
-# The whole-pipeline runs are session fixtures: under pytest-xdist (`make test` runs two workers),
-# every test that reads one is sent to the same worker, so each run is made once per session.
-_SHARED_RUNS = {"passing_run", "failing_gate_run"}
+# Under pytest-xdist (`make test` runs two workers) some modules must share one worker:
+# - the whole-pipeline runs are session fixtures, made once per worker that asks for them, so every
+#   module that reads one goes to the same worker and each run is made once per session;
+# - the sandbox tests list every sandbox process and folder on the host, so another worker's
+#   sandbox would read as a leak.
+# Every other test is its own unit. (xdist's `xdist_group` marker does not work with pytest 9:
+# it rewrites a node id attribute pytest 9 no longer reads.)
+_SHARED_WORKER = {
+    **dict.fromkeys(
+        ["test_cli.py", "test_compare.py", "test_pipeline.py", "test_report_browser.py"],
+        "pipeline-runs",
+    ),
+    **dict.fromkeys(["test_sandbox.py", "test_sandbox_adversarial.py"], "sandbox"),
+}
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's worker hook, which reads the groups
-def pytest_collection_modifyitems(config, items):
-    for item in items:
-        if _SHARED_RUNS & set(getattr(item, "fixturenames", ())):
-            item.add_marker(pytest.mark.xdist_group("pipeline-runs"))
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SharedWorkerScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid):
+            module = nodeid.split("::", 1)[0].rsplit("/", 1)[-1]
+            return _SHARED_WORKER.get(module, nodeid)
+
+    return SharedWorkerScheduling(config, log)
 
 
 @pytest.fixture(scope="session")

@@ -18,10 +18,6 @@ from asyncrl.tools.executor import ToolExecutor
 from asyncrl.tools.python_sandbox import PythonSandbox, SandboxLimits
 from asyncrl.types import ToolCall
 
-# Some tests list every sandbox process and work folder on the host: under pytest-xdist the
-# sandbox tests share one worker, so another test's sandbox is never mistaken for a leak.
-pytestmark = pytest.mark.xdist_group("sandbox")
-
 LIMITS = SandboxLimits(wall_s=4, cpu_s=2, memory_mb=256, output_bytes=32 * 1024, processes=16)
 
 

@@ -25,10 +25,6 @@ from asyncrl.tools.executor import ToolExecutor
 from asyncrl.tools.python_sandbox import PythonSandbox, SandboxLimits
 from asyncrl.types import ToolCall
 
-# Some tests list every sandbox process and work folder on the host: under pytest-xdist the
-# sandbox tests share one worker, so another test's sandbox is never mistaken for a leak.
-pytestmark = pytest.mark.xdist_group("sandbox")
-
 REPO = Path(__file__).resolve().parents[1]
 LIMITS = SandboxLimits(wall_s=8, cpu_s=2, memory_mb=256, output_bytes=32 * 1024, processes=16)
 UNPRIVILEGED = 1000
