@@ -160,3 +160,58 @@ def test_a_rollout_pool_that_gke_would_refuse_is_refused_with_the_config(overrid
     with pytest.raises(ConfigError) as refused:
         load_config(MULTI, overrides)
     assert refused.value.key == key and allowed in str(refused.value)
+
+
+def _single_pod_selectors(cfg, tmp_path):
+    """{executor: (node selector labels, TPU chip limit)} of the compiled pipeline's TPU tasks."""
+    import yaml
+    from kfp import compiler
+
+    from asyncrl.pipeline.definition import build_pipeline
+
+    out = tmp_path / "p.yaml"
+    compiler.Compiler().compile(build_pipeline(cfg), str(out))
+    docs = list(yaml.safe_load_all(out.read_text()))
+    executors = docs[1]["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
+    containers = docs[0]["deploymentSpec"]["executors"]
+    return {
+        name: (
+            spec["nodeSelector"]["labels"],
+            containers[name]["container"]["resources"].get("accelerator", {}).get("resourceCount"),
+        )
+        for name, spec in executors.items()
+        if "nodeSelector" in spec
+    }
+
+
+def test_single_pod_stages_of_a_multi_host_run_use_one_node_of_the_replicas_pool(tmp_path):
+    """One host of a multi-host slice cannot start libtpu alone: warm start, recovery test and gate
+    run on a single-host node of the replicas' pool; on a single-host slice, on the slice's node."""
+    multi = load_config(MULTI)
+    one = multi.cluster.rollout_slice
+    found = _single_pod_selectors(multi, tmp_path)
+    assert {n.removeprefix("exec-") for n in found} == {
+        "warm-start",
+        "recovery-test",
+        "quality-gate",
+    }
+    for labels, chips in found.values():
+        assert labels == {
+            "cloud.google.com/gke-tpu-accelerator": one.accelerator,
+            "cloud.google.com/gke-tpu-topology": one.topology,
+            "cloud.google.com/gke-nodepool": multi.cluster.rollout_node_pool,
+        }
+        assert int(chips) == one.chips_per_host
+    single = load_config(SINGLE)
+    for labels, chips in _single_pod_selectors(single, tmp_path).values():
+        assert labels["cloud.google.com/gke-tpu-topology"] == single.cluster.tpu_topology
+        assert "cloud.google.com/gke-nodepool" not in labels
+        assert int(chips) == slice_of(single.cluster.tpu_type, single.cluster.tpu_topology).chips
+
+
+def test_a_multi_host_run_without_replicas_has_no_node_for_its_single_pod_stages():
+    from asyncrl.pipeline.definition import build_pipeline
+
+    cfg = load_config(MULTI, ["cluster.placement=colocated", "cluster.rollout_replicas=0"])
+    with pytest.raises(ConfigError, match=r"cluster\.placement.*'colocated'.*allowed: 'remote'"):
+        build_pipeline(cfg)

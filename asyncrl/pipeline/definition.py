@@ -16,8 +16,9 @@ Caching is off for every stage: each has side effects (a run folder, a champion,
 
 TPU placement comes from the config at compile time, through `kfp-kubernetes`: the GKE TPU node
 selectors, a toleration for the `google.com/tpu` taint and `google.com/tpu` chip limits on the
-stages that use the accelerator in their own pod (warm start, recovery test, gate; train is a
-launcher whose JobSet's pods hold the slice); pods run as non-root with a timeout. The Kubernetes
+stages that use the accelerator in their own pod (warm start, recovery test, gate: one node of
+a single-host slice, or of the replicas' single-host pool when the trainer's slice spans several
+hosts; train is a launcher whose JobSet's pods hold the slice); pods run as non-root with a timeout. The Kubernetes
 service account is named at submit time (`asyncrl pipeline submit`), and Workload Identity maps it
 to GCS permissions: no key or secret is ever a parameter. The same pipeline runs locally
 through `kfp.local` (see `pipeline/local.py`), where those settings have no effect.
@@ -28,23 +29,49 @@ through `kfp.local` (see `pipeline/local.py`), where those settings have no effe
 from kfp import dsl, kubernetes
 
 from asyncrl.cloud.jobset import ACCELERATOR, slice_shape
-from asyncrl.config import RunConfig
+from asyncrl.config import ConfigError, RunConfig
 from asyncrl.pipeline.components import components
 from asyncrl.pipeline.params import config_default
 
 
+def _one_host(cfg: RunConfig) -> tuple[str, int, str | None]:
+    """(topology, chips, node pool or None) of the one TPU node a single-pod stage runs on.
+
+    A single-host slice's node is that node. One host of a multi-host slice cannot run alone
+    (libtpu starts only with all the slice's hosts), so warm start, recovery test and gate then
+    run on a node of the replicas' single-host pool, which provision creates for placement
+    remote and which is free before and after the training JobSet."""
+    c = cfg.cluster
+    hosts, chips = slice_shape(c.tpu_type, c.tpu_topology)
+    if hosts == 1:
+        return c.tpu_topology, chips, None
+    one = c.rollout_slice
+    if c.placement != "remote" or one is None:
+        raise ConfigError(
+            "cluster.placement",
+            f"got {c.placement!r} with the multi-host slice {c.tpu_type} {c.tpu_topology}; "
+            "allowed: 'remote' (warm start, recovery test and gate run in one pod on one "
+            "single-host node, and only the replicas' pool has those)",
+        )
+    return one.topology, one.chips_per_host, c.rollout_node_pool
+
+
 def _on_tpu(task, cfg: RunConfig) -> None:
     c = cfg.cluster
+    topology, chips, pool = _one_host(cfg)
     kubernetes.add_node_selector(
         task,
         label_key="cloud.google.com/gke-tpu-accelerator",
         label_value=ACCELERATOR[c.tpu_type],
     )
     kubernetes.add_node_selector(
-        task, label_key="cloud.google.com/gke-tpu-topology", label_value=c.tpu_topology
+        task, label_key="cloud.google.com/gke-tpu-topology", label_value=topology
     )
+    if pool is not None:
+        kubernetes.add_node_selector(
+            task, label_key="cloud.google.com/gke-nodepool", label_value=pool
+        )
     kubernetes.add_toleration(task, key="google.com/tpu", operator="Exists", effect="NoSchedule")
-    _, chips = slice_shape(c.tpu_type, c.tpu_topology)  # one host's chips, as the node pool has
     task.set_accelerator_type("google.com/tpu").set_accelerator_limit(chips)
 
 
