@@ -18,10 +18,11 @@ TPU placement comes from the config at compile time, through `kfp-kubernetes`: t
 selectors, a toleration for the `google.com/tpu` taint and `google.com/tpu` chip limits on the
 stages that use the accelerator in their own pod (warm start, recovery test, gate: one node of
 a single-host slice, or of the replicas' single-host pool when the trainer's slice spans several
-hosts; train is a launcher whose JobSet's pods hold the slice); pods run as non-root with a timeout. The Kubernetes
-service account is named at submit time (`asyncrl pipeline submit`), and Workload Identity maps it
-to GCS permissions: no key or secret is ever a parameter. The same pipeline runs locally
-through `kfp.local` (see `pipeline/local.py`), where those settings have no effect.
+hosts; train is a launcher whose JobSet's pods hold the slice); pods run as non-root with a
+timeout. The Kubernetes service account is named at submit time (`asyncrl pipeline submit`), and
+Workload Identity maps it to GCS permissions: no key or secret is ever a parameter. The same
+pipeline runs locally through `kfp.local` (see `pipeline/local.py`), where those settings have no
+effect.
 """
 
 # No `from __future__ import annotations`: KFP reads the pipeline signature's real types.
