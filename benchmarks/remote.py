@@ -36,18 +36,6 @@ import tempfile
 import time
 from pathlib import Path
 
-# The smallest engine a replica can serve: one prefill shape and one decode window to compile
-# (weights are what part 1 measures, not decoding).
-PUBLISH_ENGINE = (
-    "env.max_context=64",
-    "rollout.prefill_buckets=[16]",
-    "rollout.attention_windows=[64]",
-    "rollout.engine_slots=1",
-    "rollout.max_concurrency=4",
-    "rollout.max_tokens=16",
-    "env.max_response_tokens=16",
-    "learner.max_response_length=32",
-)
 RUN = (
     "learner.eval_every=0",
     "env.heldout_size=2",
@@ -112,9 +100,10 @@ def measure_publish(preset: str, args: argparse.Namespace, root: Path) -> dict:
     from asyncrl.serving.client import ClientSettings, RemoteEngine
     from asyncrl.serving.replica import start_local_replicas
     from asyncrl.sync.publisher import WeightPublisher
-    from asyncrl.testing.configs import micro_config
+    from asyncrl.testing.configs import TINY_ENGINE_OVERRIDES, micro_config
 
-    cfg = micro_config(f"model.preset={preset}", *PUBLISH_ENGINE)
+    # The smallest engine a replica can serve: weights are what this part measures, not decoding.
+    cfg = micro_config(f"model.preset={preset}", *TINY_ENGINE_OVERRIDES)
     run = Path(tempfile.mkdtemp(prefix=f"publish-{preset}-", dir=root))
     (run / "config.yaml").write_text(to_yaml(cfg))
     graphdef, params, rest = nnx.split(build_model(cfg.model, seed=0), nnx.Param, ...)

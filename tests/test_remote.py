@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from asyncrl.testing.configs import micro_config
+from asyncrl.testing.configs import TINY_ENGINE_OVERRIDES, micro_config
 
 
 @pytest.mark.slow  # two replica processes and real training (~2 min); the fast protocol cases stay
@@ -108,18 +108,6 @@ def test_health_checks_mark_a_silent_replica_dead(tmp_path):
 
 # -- the replica as an operator starts it ---------------------------------------------------------
 
-# The smallest engine the micro model allows: one prefill shape and one decode window to compile.
-TINY_ENGINE = (
-    "env.max_context=64",
-    "rollout.prefill_buckets=[16]",
-    "rollout.attention_windows=[64]",
-    "rollout.engine_slots=1",
-    "rollout.max_concurrency=4",
-    "rollout.max_tokens=16",
-    "env.max_response_tokens=16",
-    "learner.max_response_length=32",
-)
-
 
 def test_the_replica_settings_come_from_the_config_and_flags_override_them():
     from asyncrl.serving.replica import settings_for
@@ -164,7 +152,14 @@ def test_asyncrl_rollout_server_serves_token_holders_only(tmp_path, monkeypatch)
     config.write_text(to_yaml(micro_config()))
     token_file.write_text("an-operator's-token-0123456789\n")
     token_file.chmod(0o600)
-    cmd = [sys.executable, "-m", "asyncrl.cli", "rollout-server", str(config), *TINY_ENGINE]
+    cmd = [
+        sys.executable,
+        "-m",
+        "asyncrl.cli",
+        "rollout-server",
+        str(config),
+        *TINY_ENGINE_OVERRIDES,
+    ]
     cmd += ["--port", "0", "--token-file", str(token_file), "--ready-file", str(ready)]
     cmd += ["--weights-root", str(tmp_path / "weights")]
     log = (tmp_path / "replica.log").open("w")
@@ -246,7 +241,7 @@ def _start_replica(tmp_path, config, token_file, name: str, port: int = 0):
     import sys
 
     ready = tmp_path / f"{name}.address"
-    cmd = [sys.executable, "-m", "asyncrl.serving.replica", str(config), *TINY_ENGINE]
+    cmd = [sys.executable, "-m", "asyncrl.serving.replica", str(config), *TINY_ENGINE_OVERRIDES]
     cmd += ["--port", str(port), "--token-file", str(token_file), "--ready-file", str(ready)]
     cmd += ["--weights-root", str(tmp_path / "weights")]
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
@@ -289,9 +284,9 @@ def test_a_killed_replica_restarted_on_its_port_is_readmitted_with_the_current_w
 
     monkeypatch.delenv(TOKEN_ENV, raising=False)
     probing = ("cluster.rollout_probe_interval_s=0.2", "cluster.rollout_probe_max_backoff_s=1")
-    cfg = micro_config(*TINY_ENGINE, *probing)
+    cfg = micro_config(*TINY_ENGINE_OVERRIDES, *probing)
     config = tmp_path / "c.yaml"
-    config.write_text(to_yaml(micro_config()))  # TINY_ENGINE comes as overrides, as in cfg
+    config.write_text(to_yaml(micro_config()))  # the tiny engine comes as overrides, as in cfg
     token_file, wrong_file = tmp_path / "token", tmp_path / "wrong-token"
     token_file.write_text("the-shared-test-token-0123456789\n")
     wrong_file.write_text("a-stale-replicas-token-987654321\n")

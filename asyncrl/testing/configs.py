@@ -22,6 +22,20 @@ MICRO_OVERRIDES: tuple[str, ...] = (
 )
 
 
+# The smallest engine the micro model allows (a replica that serves, not one that decodes much):
+# one prefill shape and one decode window to compile.
+TINY_ENGINE_OVERRIDES: tuple[str, ...] = (
+    "env.max_context=64",
+    "rollout.prefill_buckets=[16]",
+    "rollout.attention_windows=[64]",
+    "rollout.engine_slots=1",
+    "rollout.max_concurrency=4",
+    "rollout.max_tokens=16",
+    "env.max_response_tokens=16",
+    "learner.max_response_length=32",
+)
+
+
 def micro_config(*overrides: str) -> RunConfig:
     """The micro model (≈0.1M parameters) with limits that fit it."""
     return load_config(None, [*MICRO_OVERRIDES, *overrides])
