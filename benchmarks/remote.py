@@ -97,7 +97,8 @@ def measure_publish(preset: str, args: argparse.Namespace, root: Path) -> dict:
     from asyncrl.config import to_yaml
     from asyncrl.model import build_model
     from asyncrl.model import hf_checkpoint as hf
-    from asyncrl.serving.client import ClientSettings, RemoteEngine
+    from asyncrl.serving.client import RemoteEngine
+    from asyncrl.serving.client_settings import ClientSettings
     from asyncrl.serving.replica import start_local_replicas
     from asyncrl.sync.publisher import WeightPublisher
     from asyncrl.testing.configs import TINY_ENGINE_OVERRIDES, micro_config

@@ -27,7 +27,9 @@ from asyncrl.sampling.protocol import EngineClosed, PromptTooLong
 from asyncrl.sampling.stats import EngineStats
 from asyncrl.serving import weights
 from asyncrl.serving.auth import TOKEN_ENV, Token, TokenError, load_token
-from asyncrl.serving.client import ClientSettings, RemoteEngine, RemoteError
+from asyncrl.serving.client import RemoteEngine
+from asyncrl.serving.client_settings import ClientSettings
+from asyncrl.serving.exchange import RemoteError
 from asyncrl.serving.server import RolloutServer, ServerSettings
 from asyncrl.serving.wire import ErrorCode, WireLimits, encode, request_to_json
 from asyncrl.testing.configs import micro_config
@@ -613,6 +615,41 @@ def test_publish_loads_each_version_and_the_trainer_keeps_the_last_two(tmp_path)
     assert [v for _, v in engine.published] == [1, 2, 3, 4]
     assert engine.published[-1][0] == ("params", str(tmp_path.resolve() / "v4"))
     assert weights.versions(tmp_path) == [3, 4]
+
+
+def test_a_publish_is_announced_to_every_live_replica_at_once(tmp_path):
+    """Each replica's load waits at a barrier until the other's load has begun: a client that
+    announced to one replica only after the other had answered would break the barrier (both
+    loads fail, neither replica holds v1). A third, silent address fails alone."""
+    barrier = threading.Barrier(2, timeout=10)  # far past a concurrent publish's few ms
+
+    def load_params(path: str) -> tuple[str, str]:
+        barrier.wait()
+        return ("params", path)
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        silent = s.getsockname()[1]
+    engines = [FakeEngine(), FakeEngine()]
+    with (
+        served(engines[0], root=tmp_path, load_params=load_params) as a,
+        served(engines[1], root=tmp_path, load_params=load_params) as b,
+    ):
+        ports = (a.port, silent, b.port)
+        remote = RemoteEngine(
+            [("127.0.0.1", p) for p in ports],
+            tmp_path,
+            lambda _, folder: folder.mkdir(),
+            0,
+            token=TOKEN,
+        )
+        remote.publish("params-1", 1)
+        _wait_for(lambda: all(e.version == 1 for e in engines) and not remote.replicas[1].alive)
+        remote.close()
+    assert [e.published for e in engines] == [[(("params", str(tmp_path.resolve() / "v1")), 1)]] * 2
+    assert [r.alive for r in remote.replicas] == [True, False, True] and not barrier.broken
+    assert remote.replicas[1].cause == "engine_closed: no answer (refused, reset or timed out)"
+    assert remote.lost == [f"127.0.0.1:{silent}"]
 
 
 def _wait_for(condition, timeout_s: float = 10) -> None:

@@ -127,7 +127,7 @@ def test_the_replica_settings_come_from_the_config_and_flags_override_them():
 
 
 def test_the_client_keeps_the_configured_number_of_weight_versions():
-    from asyncrl.serving.client import ClientSettings
+    from asyncrl.serving.client_settings import ClientSettings
     from asyncrl.serving.wire import reply_bytes_for
 
     s = ClientSettings.of(micro_config("cluster.rollout_keep_versions=5"))
@@ -195,7 +195,7 @@ def test_asyncrl_rollout_server_serves_token_holders_only(tmp_path, monkeypatch)
 def test_the_probe_backoff_and_model_digest_come_from_the_config():
     from asyncrl.config import load_config_text, to_yaml
     from asyncrl.serving.admission import model_digest
-    from asyncrl.serving.client import ClientSettings
+    from asyncrl.serving.client_settings import ClientSettings
 
     cfg = micro_config(
         "cluster.rollout_probe_interval_s=0.5", "cluster.rollout_probe_max_backoff_s=9"
@@ -279,7 +279,8 @@ def test_a_killed_replica_restarted_on_its_port_is_readmitted_with_the_current_w
     from asyncrl.sampling.protocol import EngineClosed
     from asyncrl.serving.admission import ReplicaState
     from asyncrl.serving.auth import TOKEN_ENV, load_token
-    from asyncrl.serving.client import ClientSettings, RemoteEngine
+    from asyncrl.serving.client import RemoteEngine
+    from asyncrl.serving.client_settings import ClientSettings
     from asyncrl.types import GenerateRequest, SamplingParams
 
     monkeypatch.delenv(TOKEN_ENV, raising=False)

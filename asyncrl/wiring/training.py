@@ -124,7 +124,8 @@ def remote_engine(cfg: RunConfig, layout: RunLayout, learner: Learner, init_mode
     whose addresses come in ASYNCRL_ROLLOUT_ADDRESSES. Returns (engine, local replicas or None)."""
     from flax import nnx
 
-    from asyncrl.serving.client import ClientSettings, RemoteEngine
+    from asyncrl.serving.client import RemoteEngine
+    from asyncrl.serving.client_settings import ClientSettings
     from asyncrl.serving.replica import start_local_replicas
 
     def save_params(params, folder: Path) -> None:
