@@ -652,6 +652,55 @@ def test_a_publish_is_announced_to_every_live_replica_at_once(tmp_path):
     assert remote.lost == [f"127.0.0.1:{silent}"]
 
 
+def test_after_each_publish_a_replica_serves_what_a_model_loaded_from_the_folder_serves(tmp_path):
+    """The replica loads every version into its own model (none is built per publish); its
+    completions then equal, token for token and log-prob for log-prob, those of an engine on a
+    model built afresh and loaded from the same folder, version after version."""
+    from asyncrl.model import build_model
+    from asyncrl.model import hf_checkpoint as hf
+    from asyncrl.sampling.engine import Engine
+    from asyncrl.serving.replica import weights_loader
+
+    cfg = micro_config(
+        "rollout.engine_slots=1",
+        "rollout.prefill_buckets=[8]",
+        "rollout.attention_windows=[32]",
+        "env.max_context=32",
+    )
+    request = GenerateRequest(prompt=(1, 2, 3), params=SamplingParams(max_tokens=6, seed=5))
+
+    def engine_on(model):
+        return Engine(model, cfg.rollout, max_len=32, seed=0)
+
+    def save(model, folder: Path) -> None:  # the trainer's (wiring/training.remote_engine)
+        hf.save(model, str(folder))
+
+    own = build_model(cfg.model, seed=0)
+    replica, served_by = engine_on(own), {}
+    limits = WireLimits(vocab_size=cfg.model.vocab_size, max_len=32)
+    try:
+        with served(replica, root=tmp_path, load_params=weights_loader(own), limits=limits) as s:
+            remote = RemoteEngine([("127.0.0.1", s.port)], tmp_path, save, 0, token=TOKEN)
+            for version in (1, 2):
+                remote.publish(build_model(cfg.model, seed=version), version)
+                _wait_for(lambda v=version: replica.version == v)
+                served_by[version] = asyncio.run(remote.generate(request))
+            remote.close()
+    finally:
+        replica.close()
+    for version, completion in served_by.items():
+        fresh = build_model(cfg.model, seed=100)
+        hf.load_into(fresh, str(tmp_path / weights.folder_name(version)))
+        reference = engine_on(fresh)
+        try:
+            expected = asyncio.run(reference.generate(request))
+        finally:
+            reference.close()
+        assert completion.versions == (version,) * len(completion.tokens)
+        assert (completion.tokens, completion.logprobs) == (expected.tokens, expected.logprobs)
+    assert served_by[1].logprobs != served_by[2].logprobs  # the weights did change between them
+
+
 def _wait_for(condition, timeout_s: float = 10) -> None:
     deadline = time.monotonic() + timeout_s
     while not condition() and time.monotonic() < deadline:

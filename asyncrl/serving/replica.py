@@ -21,8 +21,10 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from asyncrl.config import RunConfig
 from asyncrl.config.cluster import is_ip
@@ -37,6 +39,11 @@ from asyncrl.serving.auth import (
 )
 from asyncrl.serving.server import RolloutServer, ServerSettings
 from asyncrl.serving.wire import WireLimits
+
+if TYPE_CHECKING:  # the model stack is imported only by a replica that serves
+    from flax import nnx
+
+    from asyncrl.model.transformer import Transformer
 
 READY = "LISTENING "
 
@@ -74,8 +81,6 @@ def serve(
     ready_file: str | None = None,
 ) -> None:
     """Build the engine and serve it until killed (`run` checks the inputs first)."""
-    from flax import nnx
-
     from asyncrl.model import build_model
     from asyncrl.model import hf_checkpoint as hf
     from asyncrl.sampling.engine import Engine
@@ -94,12 +99,6 @@ def serve(
         seed=cfg.seed,
     )
     engine.warmup()
-
-    def load_params(path: str):
-        fresh = build_model(cfg.model, seed=cfg.seed)
-        hf.load_into(fresh, path)
-        return nnx.state(fresh, nnx.Param)
-
     limits = WireLimits(
         vocab_size=engine.vocab_limit,
         max_len=engine.max_len,
@@ -107,7 +106,7 @@ def serve(
     )
     server = RolloutServer(
         engine,
-        load_params,
+        weights_loader(model),
         token=token,
         limits=limits,
         weights_root=weights_root,
@@ -118,6 +117,24 @@ def serve(
         asyncio.run(_serve_announced(server, ready_file))
     finally:
         engine.close()
+
+
+def weights_loader(model: Transformer) -> Callable[[str], nnx.State]:
+    """The server's `load_params`: a version folder's weights loaded into `model`, the replica's
+    own, in place; returns its parameters. `model` must be one the engine does not read (the
+    engine copies its parameters when it is built and on each publish), and loads must not
+    overlap (the server loads one version at a time). No model is built per publish: a failed
+    load may leave `model` half-written, which nobody serves and the next load overwrites whole.
+    """
+    from flax import nnx
+
+    from asyncrl.model import hf_checkpoint as hf
+
+    def load_params(path: str) -> nnx.State:
+        hf.load_into(model, path)
+        return nnx.state(model, nnx.Param)
+
+    return load_params
 
 
 async def _serve_announced(server: RolloutServer, ready_file: str | None) -> None:
