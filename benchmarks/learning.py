@@ -6,6 +6,12 @@ Three subcommands over `configs/local.yaml` plus dotted overrides:
     rl WARM OUT [key=value ...]         the train stage from WARM's warm-start model into OUT,
                                         then `eval` of the trained model
     eval MODEL [key=value ...]          evaluate an HF model folder
+    modes WARM OUT [key=value ...]      sync-colocated, async-colocated and async-disaggregated
+                                        RL from WARM, `--seeds` seeds each (child processes on
+                                        `--devices` virtual CPU devices): the held-out curve
+                                        against steps and against training wall time (evaluation
+                                        time excluded), and each mode's time to warm start + 5
+                                        points, as a ratio to sync-colocated
 
 `eval` runs greedy episodes on `--heldout` held-out tasks per family (the Wilson interval of the
 greedy solve rate is what the demo's claim rests on) and `--samples` episodes at T = 1 on the first
@@ -23,17 +29,27 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
+import statistics
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 from asyncrl.config import RunConfig, load_config
 from asyncrl.envs.tasks import heldout, task_stream
 from asyncrl.gates.evaluation import EvalSummary, evaluate_heldout
+from asyncrl.metrics.intervals import wilson
+from asyncrl.metrics.tracker import read_jsonl
 from asyncrl.model import build_model
 from asyncrl.model import hf_checkpoint as hf
 from asyncrl.run_layout import RunLayout
 from asyncrl.wiring.episodes import Wiring
 
 CONFIG = "configs/local.yaml"
+# The modes `modes` compares, each as (learner.mode, cluster.placement); the first is the baseline.
+MODES = (("sync", "colocated"), ("async", "colocated"), ("async", "disaggregated"))
+TARGET_GAIN = 0.05  # time to quality: the first evaluation at warm start + 5 points
 
 
 def config(overrides: list[str]) -> RunConfig:
@@ -88,13 +104,106 @@ def evaluate(cfg: RunConfig, model_dir: str, args) -> dict[str, object]:
     return {"model": model_dir, **out, "eval_s": round(time.monotonic() - start, 1)}
 
 
+def mode_overrides(mode: str, placement: str, devices: int) -> list[str]:
+    half = devices // 2 if placement == "disaggregated" else 0
+    return [
+        f"learner.mode={mode}",
+        f"learner.max_staleness={0 if mode == 'sync' else 1}",
+        f"cluster.placement={placement}",
+        f"cluster.rollout_devices={half}",
+        f"cluster.train_devices={half}",
+        "checkpoint.every_steps=0",
+        "tracing.enabled=false",
+    ]
+
+
+def curve(run: Path, confidence: float = 0.95) -> list[dict[str, float]]:
+    """A run's held-out evaluations: step, solve rate with its Wilson interval, and training wall
+    time (the run's elapsed time minus the time its evaluations took)."""
+    out, spent = [], 0.0
+    for row in read_jsonl(run / "train" / "metrics.jsonl", kind="eval"):
+        spent += row.get("eval_s", 0.0)
+        n = int(row["episodes"])
+        e = wilson(round(row["solve_rate"] * n), n, confidence)
+        out.append(
+            {
+                "step": row["step"],
+                "train_s": round(row["elapsed_s"] - spent, 1),
+                "solve_rate": e.value,
+                "low": e.low,
+                "high": e.high,
+            }
+        )
+    return out
+
+
+def time_to(points: list[dict[str, float]], target: float) -> float | None:
+    return next((p["train_s"] for p in points if p["solve_rate"] >= target), None)
+
+
+def modes(warm: str, out: Path, overrides: list[str], args) -> dict[str, object]:
+    """Every mode for every seed, each a child process (its own XLA device count), then the
+    summary: per mode the curves, the final solve rate and the time to warm start + 5 points."""
+    env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={args.devices}"}
+    runs: dict[str, list[list[dict[str, float]]]] = {}
+    for seed in range(args.seeds):
+        for mode, placement in MODES:
+            name = f"{mode}-{placement}"
+            run = out / f"{name}-seed{seed}"
+            if not (run / "train" / "model").is_dir():
+                extra = [f"seed={seed}", *mode_overrides(mode, placement, args.devices)]
+                cmd = [sys.executable, __file__, "train", warm, str(run), *overrides, *extra]
+                subprocess.run(cmd, check=True, env=env)
+            runs.setdefault(name, []).append(curve(run))
+    base_name = "-".join(MODES[0])
+    summary: dict[str, object] = {}
+    for name, curves in runs.items():
+        target = [c[0]["solve_rate"] + TARGET_GAIN for c in curves]
+        times = [time_to(c, t) for c, t in zip(curves, target, strict=True)]
+        reached = [t for t in times if t is not None]
+        summary[name] = {
+            "start": [c[0]["solve_rate"] for c in curves],
+            "final": [(c[-1]["solve_rate"], c[-1]["low"], c[-1]["high"]) for c in curves],
+            "final_mean": statistics.fmean(c[-1]["solve_rate"] for c in curves),
+            "steps": [c[-1]["step"] for c in curves],
+            "train_s": [c[-1]["train_s"] for c in curves],
+            "time_to_target_s": times,
+            "time_to_target_mean_s": statistics.fmean(reached) if reached else None,
+            "curves": curves,
+        }
+    base = summary[base_name]["time_to_target_mean_s"]
+    for row in summary.values():
+        t = row["time_to_target_mean_s"]
+        row["time_to_target_vs_sync_colocated"] = round(t / base, 2) if t and base else None
+    return summary
+
+
+def print_modes(summary: dict[str, dict]) -> None:
+    print(
+        "| mode | start | final (95% Wilson) per seed | time to start + 5 pts per seed (s) | "
+        "mean × sync colocated |"
+    )
+    print("|---|---|---|---|---|")
+    for name, r in summary.items():
+        finals = ", ".join(
+            f"{100 * v:.1f}% [{100 * lo:.1f}, {100 * hi:.1f}]" for v, lo, hi in r["final"]
+        )
+        times = ", ".join("—" if t is None else f"{t:.0f}" for t in r["time_to_target_s"])
+        start = ", ".join(f"{100 * v:.1f}%" for v in r["start"])
+        print(
+            f"| {name} | {start} | {finals} | {times} | {r['time_to_target_vs_sync_colocated']} |"
+        )
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("command", choices=("warm", "rl", "eval"))
+    p.add_argument("command", choices=("warm", "rl", "eval", "modes", "train"))
     p.add_argument("paths", nargs="+", help="folders, then key=value overrides")
     p.add_argument("--heldout", type=int, default=256, help="held-out tasks per family (greedy)")
     p.add_argument("--train-tasks", type=int, default=64, help="training tasks per family (T=1)")
     p.add_argument("--samples", type=int, default=4, help="T=1 samples per training task")
+    p.add_argument("--seeds", type=int, default=3, help="modes: seeds per mode")
+    p.add_argument("--devices", type=int, default=4, help="modes: virtual CPU devices per run")
     args = p.parse_args()
     paths = [x for x in args.paths if "=" not in x]
     overrides = [x for x in args.paths if "=" in x]
@@ -108,7 +217,11 @@ def main() -> None:
         ws = warm_start(cfg, layout)
         result.update(stage_s=ws.seconds, final_loss=round(ws.final_loss, 4))
         result.update(evaluate(cfg, str(layout.warm_start_model), args))
-    elif args.command == "rl":
+    elif args.command == "modes":
+        summary = modes(paths[0], Path(paths[1]), overrides, args)
+        print_modes(summary)
+        result["modes"] = summary
+    elif args.command in ("rl", "train"):  # train: the stage only, no evaluation after it
         from asyncrl.stages.train import train
 
         init = str(RunLayout.of(paths[0]).warm_start_model)
@@ -116,7 +229,8 @@ def main() -> None:
         tr = train(cfg, layout, init_model=init)
         result.update(stage_s=tr.seconds, steps=tr.steps, no_signal=tr.groups_no_signal)
         result.update(stage_initial=tr.initial_solve_rate, stage_final=tr.final_solve_rate)
-        result.update(evaluate(cfg, str(layout.train_model), args))
+        if args.command == "rl":
+            result.update(evaluate(cfg, str(layout.train_model), args))
     else:
         result.update(evaluate(cfg, paths[0], args))
     result["total_s"] = round(time.monotonic() - start, 1)

@@ -13,6 +13,7 @@ reads no environment and writes no files besides the checkpointer's.
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import dataclass, field
 
 from asyncrl import tracing
@@ -56,10 +57,13 @@ class TrainRun:
             self.kill(phase, step)
 
     async def evaluate(self, step: int) -> None:
+        start = time.monotonic()
         with tracing.span("rollout", "held-out evaluation", {"step": step}):
             summary = await self.wiring.evaluate(self.engine, tag=f"eval{step}")
         row = {
             "solve_rate": summary.solve_rate,
+            # Seconds the evaluation took: time-to-quality figures subtract it from elapsed time.
+            "eval_s": round(time.monotonic() - start, 3),
             "mean_reward": summary.mean_reward,
             "episodes": float(summary.episodes),
             **{f"solve_rate/{f}": v for f, v in summary.by_family},
