@@ -172,6 +172,11 @@ class RunLayout:
         return self.dir(Stage.TRAIN) / "hosts" / f"{process}.json"
 
     @property
+    def step_records(self) -> Path:
+        """Each train step's batch, loss and parameters, when asked for (wiring/step_record.py)."""
+        return self.dir(Stage.TRAIN) / "steps"
+
+    @property
     def weights(self) -> Path:
         """Versions published to remote rollout replicas."""
         return self.dir(Stage.TRAIN) / "weights"

@@ -4,9 +4,11 @@ Fast tests drive the executor with small JobSets whose pods are short Python pro
 controller and kubelet do: environment, DNS names, token Secret, scratch, ordering, failure and
 success policies, logs, cancellation). The slow ones run the JobSet the train stage renders,
 with a real trainer and two rollout replicas: the GKE-shaped pipeline end to end through
-kfp.local, a trainer pod SIGKILLed and resumed, a replica SIGKILLed, a JobSet failing for good.
+kfp.local, a 2-host trainer equal step by step to one host replaying its recorded batches, a
+trainer pod SIGKILLed and resumed, a replica SIGKILLed, a JobSet failing for good.
 """
 
+import itertools
 import json
 import os
 import signal
@@ -474,15 +476,57 @@ def _pod_log(cluster_dir: Path, pod_prefix: str) -> str:
     return (folder / "log").read_text()
 
 
+def _replay(cfg, records: Path, out: Path, devices: int) -> None:
+    """`asyncrl.testing.replay` in one fresh process with `devices` CPU devices and the pods'
+    environment (the image's: no XLA flags of this test session's), so it compiles as they do."""
+    from asyncrl.cloud.local_jobset import image_env
+    from asyncrl.config import to_yaml
+
+    config = out.parent / "replay-config.yaml"
+    config.write_text(to_yaml(cfg))
+    env = image_env() | {
+        "JAX_PLATFORMS": "cpu",
+        "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
+    }
+    command = [sys.executable, "-m", "asyncrl.testing.replay", str(config), str(records), str(out)]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=SLOW_S)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+
+
+def _shard_digests(params: dict) -> dict[str, str]:
+    """What `note_trained` writes for a host holding every parameter whole: name[0:n,...]."""
+    import hashlib
+
+    import numpy as np
+
+    return {
+        f"{name}[{','.join(f'0:{n}' for n in a.shape)}]": hashlib.sha256(
+            np.ascontiguousarray(a).tobytes()
+        ).hexdigest()
+        for name, a in params.items()
+    }
+
+
 @pytest.mark.slow
-def test_a_two_host_trainer_trains_in_lockstep_through_the_jobset(tmp_path):
+def test_a_two_host_trainer_trains_six_steps_like_one_host_on_the_same_batches(tmp_path):
     """v5p 2x2x2 is two hosts: the rendered JobSet's trainer is an indexed job of two pods that
     join one jax.distributed job through the headless-service name of pod 0, beside two rollout
-    replicas. Process 0 trains two steps and saves a checkpoint (Orbax's multi-host path); both
-    processes end with the same parameters (data-parallel mesh: each holds a whole replica) and
-    return the same result."""
+    replicas. It trains 6 steps, saving checkpoints together (Orbax's multi-host path) and
+    publishing each version from process 0; both processes return the same result.
+
+    Process 0 records what it trained on (ASYNCRL_RECORD_STEPS, in the pods' image environment):
+    each step's batch, loss and parameters. One process with two devices (the same data-parallel
+    mesh, the same learner config and initial model) replays the recorded batches in order; its
+    loss and parameters after each step equal the 2-host run's within test_multihost's EXACT (0:
+    one device per host, so the gradient all-reduce adds two terms, which commute). The record is
+    tied to the run: its losses are the logged ones, and its last parameters are what each host
+    holds at the end (each host's own shard digests)."""
+    import numpy as np
+    from test_multihost import EXACT
+
     from asyncrl.cloud.jobset import jobset_name
     from asyncrl.run_layout import RunLayout
+    from asyncrl.wiring import step_record
 
     cfg = _training_config(
         tmp_path,
@@ -490,15 +534,19 @@ def test_a_two_host_trainer_trains_in_lockstep_through_the_jobset(tmp_path):
         "cluster.tpu_topology=2x2x2",  # 2 hosts (config/topology.py): two trainer processes
         "cluster.mesh_data=2",  # one CPU device per pod here: a replica of the parameters each
         "cluster.mesh_fsdp=1",
-        "learner.steps=2",
-        "learner.weight_decay=0.1",  # every step moves every parameter, whatever the rewards
+        # The micro model earns no reward, so every advantage is 0: what moves the parameters is
+        # weight decay, then the KL term's gradient (kl_coef 0.1) once they left the reference;
+        # at this rate that gradient is not negligible, and the loss is not 0 from step 2 on.
+        "learner.weight_decay=0.1",
+        "learner.lr=1e-3",
     )
-    assert cfg.cluster.hosts == 2
+    assert cfg.cluster.hosts == 2 and cfg.learner.steps == 6
     layout = RunLayout.at(cfg.pipeline.runs_dir, "two-hosts").create()
     name = jobset_name(layout.run_id)
     with local_cluster(tmp_path / "cluster", NS, SECRET, shared=(tmp_path,)) as cluster:
+        cluster.executor.base_env[step_record.ENV] = "1"  # as if set in the trainer's image
         result = _launch(cfg, cluster, layout)
-    assert result.steps == 2
+    assert result.steps == 6
     pods = sorted(p.name.rsplit("-", 1)[0] for p in (tmp_path / "cluster" / "pods").iterdir())
     assert pods == [f"{name}-rollout-0-0", f"{name}-rollout-1-0"] + [
         f"{name}-trainer-0-{i}" for i in range(2)
@@ -513,19 +561,35 @@ def test_a_two_host_trainer_trains_in_lockstep_through_the_jobset(tmp_path):
     ]
     assert len(said[0]) == len(said[1]) == 1  # one result line each, the same result
     assert said[0][0].split("train: ", 1)[1] == said[1][0].split("train: ", 1)[1]
-    assert said[0][0].split("train: ", 1)[1].startswith("2 steps")
+    assert said[0][0].split("train: ", 1)[1].startswith("6 steps")
     rows = [json.loads(line) for line in layout.train_metrics.read_text().splitlines()]
-    assert [r["step"] for r in rows if r["kind"] == "train"] == [1, 2]
-    assert (Path(layout.checkpoints) / "2").is_dir()  # saved by both processes together
-    published = sorted(layout.weights.iterdir())  # the versions process 0 sent the replicas
-    assert [p.name for p in published] == ["v1", "v2"]
-    v1, v2 = ((p / "model.safetensors").read_bytes() for p in published)
-    assert v1 != v2  # the second step changed the parameters: agreeing below is not trivial
+    train_rows = [r for r in rows if r["kind"] == "train"]
+    assert [r["step"] for r in train_rows] == list(range(1, 7))
+    assert (Path(layout.checkpoints) / "6").is_dir()  # saved by both processes together
+    published = sorted(p.name for p in layout.weights.iterdir())  # what process 0 sent replicas
+    assert published == ["v5", "v6"]  # the last two of six versions are kept
+
+    recorded = step_record.read(layout.step_records)
+    assert [r.step for r in recorded] == list(range(1, 7))
+    assert [r.loss for r in recorded] == [r["loss"] for r in train_rows]
     hosts = [json.loads(layout.host_record(i).read_text()) for i in range(2)]
     assert [h["process"] for h in hosts] == [0, 1] and {h["processes"] for h in hosts} == {2}
-    assert {h["step"] for h in hosts} == {2}
+    assert {h["step"] for h in hosts} == {6}
     assert len(hosts[0]["shards"]) > 1  # every parameter, whole on each host
-    assert hosts[0]["shards"] == hosts[1]["shards"]  # each host computed the same parameters
+    assert hosts[0]["shards"] == hosts[1]["shards"] == _shard_digests(recorded[-1].params)
+    assert all(r.loss != 0 for r in recorded[1:])  # KL to the reference, through the model
+    for before, after in itertools.pairwise(recorded):
+        moved = [np.abs(after.params[k] - before.params[k]).max() for k in before.params]
+        assert min(moved) > 0  # every step changes every parameter: equality is not trivial
+
+    _replay(cfg, layout.step_records, tmp_path / "replay", devices=2)
+    replayed = step_record.read(tmp_path / "replay")
+    assert [r.step for r in replayed] == list(range(1, 7))
+    for mine, theirs in zip(recorded, replayed, strict=True):
+        assert abs(mine.loss - theirs.loss) <= EXACT, (mine.step, mine.loss, theirs.loss)
+        assert sorted(mine.params) == sorted(theirs.params)
+        worst = max(float(np.abs(mine.params[k] - theirs.params[k]).max()) for k in mine.params)
+        assert worst <= EXACT, (mine.step, worst)
 
 
 @pytest.mark.slow

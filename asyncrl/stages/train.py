@@ -4,13 +4,15 @@ Builds the placement (colocated, disaggregated or remote), the learner on the tr
 engine, and the training loop from the restored (or fresh) `TrainRecord`, with evaluation,
 checkpoint and progress hooks (`wiring/train_run.py`); runs it; writes the trained model (HF
 safetensors), the metrics (JSONL), the plots and the trace under `<run>/train/`, and its
-`TrainResult` (run_layout.py).
+`TrainResult` (run_layout.py). With ASYNCRL_RECORD_STEPS=1 (tests) process 0 also records each
+step's batch, loss and parameters under `<run>/train/steps/` (wiring/step_record.py).
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import os
 import time
 from dataclasses import dataclass
 from typing import ClassVar
@@ -19,7 +21,7 @@ from asyncrl import records, tracing
 from asyncrl.checkpoint.manager import Checkpointer
 from asyncrl.config import RunConfig
 from asyncrl.learner.learner import Learner
-from asyncrl.learner.lockstep import of_processes
+from asyncrl.learner.lockstep import Lockstep, of_processes
 from asyncrl.learner.state import LoopState
 from asyncrl.metrics.plots import lag_histogram, learning_curve, queue_occupancy, reward_curve
 from asyncrl.metrics.tracker import JsonlTracker, TensorBoardTracker, Tracker, Trackers
@@ -29,9 +31,10 @@ from asyncrl.rollout import event_loop
 from asyncrl.rollout.gc_tuning import tuned_for_rollout
 from asyncrl.run_layout import RunLayout, Stage
 from asyncrl.sampling.protocol import RolloutEngine
-from asyncrl.wiring import faults, lockstep
+from asyncrl.wiring import faults, lockstep, step_record
 from asyncrl.wiring.devices import Placement, make_placement
 from asyncrl.wiring.episodes import Wiring
+from asyncrl.wiring.step_record import StepRecorder
 from asyncrl.wiring.train_run import TrainRun
 from asyncrl.wiring.training import local_engine, note_restored, note_trained, remote_engine, resume
 
@@ -79,7 +82,9 @@ def train(cfg: RunConfig, layout: RunLayout, init_model: str | None = None) -> T
             async_save=cfg.checkpoint.async_save,
         )
         stack.callback(checkpointer.close)
-        learner = _learner(cfg, wiring, placement, source)
+        steps = of_processes()
+        recorder = _step_recorder(layout, steps)
+        learner = learner_for(cfg, wiring, placement, source, recorder or steps)
         record = resume(checkpointer, learner, cfg)
         note_restored(layout, learner, record)
         if not learner.lockstep.leader:  # process 0's steps, until it stops with the result
@@ -88,7 +93,7 @@ def train(cfg: RunConfig, layout: RunLayout, init_model: str | None = None) -> T
             return records.decode(TrainResult, json.loads(text), "process 0's train result")
         try:
             state, evals = _lead(
-                cfg, wiring, layout, learner, checkpointer, placement, record, source
+                cfg, wiring, layout, learner, checkpointer, placement, record, source, recorder
             )
             hf.save(learner.model(), str(layout.train_model))
         except BaseException:
@@ -101,7 +106,7 @@ def train(cfg: RunConfig, layout: RunLayout, init_model: str | None = None) -> T
     return result
 
 
-def _lead(cfg, wiring, layout, learner, checkpointer, placement, record, source):
+def _lead(cfg, wiring, layout, learner, checkpointer, placement, record, source, recorder):
     """Process 0's part (all of it alone): the engine, the tracker and the loop; returns the loop's
     state and the evaluations."""
     with contextlib.ExitStack() as stack:
@@ -120,6 +125,7 @@ def _lead(cfg, wiring, layout, learner, checkpointer, placement, record, source)
             tracker=tracker,
             checkpointer=checkpointer,
             kill=faults.kill_point(),
+            record=recorder.after_step if recorder else None,
         )
         run.evals.extend(record.evals)
         with tracing.tracing(_tracer(cfg, layout)), tuned_for_rollout():  # start-up is done
@@ -127,7 +133,15 @@ def _lead(cfg, wiring, layout, learner, checkpointer, placement, record, source)
     return state, run.evals
 
 
-def _learner(cfg: RunConfig, wiring: Wiring, placement: Placement, source: str | None) -> Learner:
+def learner_for(
+    cfg: RunConfig,
+    wiring: Wiring,
+    placement: Placement,
+    source: str | None,
+    steps: Lockstep | None = None,
+) -> Learner:
+    """The stage's learner: the model (from `source` when given) on the train mesh, keeping step
+    with the trainer's other processes through `steps` (default: alone)."""
     model = build_model(cfg.model, seed=cfg.seed)
     if source:
         hf.load_into(model, source)
@@ -139,8 +153,16 @@ def _learner(cfg: RunConfig, wiring: Wiring, placement: Placement, source: str |
         mesh=placement.train_mesh,
         vocab_limit=tokenizer_vocab,
         temperature=cfg.rollout.temperature,  # score the distribution the engine sampled from
-        lockstep=of_processes(),
+        lockstep=steps,
     )
+
+
+def _step_recorder(layout: RunLayout, steps: Lockstep) -> StepRecorder | None:
+    """With ASYNCRL_RECORD_STEPS=1, a step recorder around `steps` writing under the run folder
+    (wiring/step_record.py); else None and nothing changes."""
+    if os.environ.get(step_record.ENV) != "1":
+        return None
+    return StepRecorder(steps, layout.step_records)
 
 
 def _engine(cfg, wiring, layout, learner, placement, source, stack) -> RolloutEngine:

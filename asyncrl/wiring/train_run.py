@@ -4,10 +4,12 @@ hooks of a `TrainingLoop`.
 `TrainRun.main` evaluates the starting policy (unless the restored record already has), runs the
 loop with a counter sampler beside it, evaluates the final policy, saves the last checkpoint and
 waits for it. The loop calls `after_step` (evaluate / save every N steps, progress line) and
-`at_phase` (the stage's fault point, if any). Saving is skipped when the learner has not stepped
-since the last save, so a restored state is never written back as new. Saves and waits go through
-`wiring/lockstep.py`, so on a multi-host trainer (this is process 0) every process takes part. It
-reads no environment and writes no files besides the checkpointer's.
+`at_phase` (the stage's fault point, if any); the step record, when the stage installs one
+(`wiring/step_record.py`), runs before `after_step`. Saving is skipped when the learner has not
+stepped since the last save, so a restored state is never written back as new. Saves and waits go
+through `wiring/lockstep.py`, so on a multi-host trainer (this is process 0) every process takes
+part. It reads no environment and writes no files besides the checkpointer's (and the step
+record's, when installed).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from asyncrl import tracing
 from asyncrl.checkpoint.manager import Checkpointer
 from asyncrl.checkpoint.train_record import TrainRecord
 from asyncrl.config import RunConfig
-from asyncrl.learner.hooks import LoopHooks, Phase, PhasePoint
+from asyncrl.learner.hooks import AfterStep, LoopHooks, Phase, PhasePoint
 from asyncrl.learner.learner import Learner
 from asyncrl.learner.loop import TrainingLoop
 from asyncrl.learner.state import LoopState
@@ -46,6 +48,7 @@ class TrainRun:
     tracker: Tracker
     checkpointer: Checkpointer
     kill: PhasePoint | None = None  # the fault point the stage installs (wiring/faults.py)
+    record: AfterStep | None = None  # the opt-in step record (wiring/step_record.py), first
     evals: list[dict[str, float]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -99,6 +102,9 @@ class TrainRun:
             lockstep.save(self.learner, self.checkpointer, record.to_json())
         self.at_phase(Phase.CHECKPOINT, step)  # Orbax writing in the background
 
+    def _after_step_hooks(self) -> tuple[AfterStep, ...]:
+        return (self.record, self.after_step) if self.record else (self.after_step,)
+
     async def main(self, restored: LoopState) -> LoopState:
         cfg = self.cfg
         if not self.evals:
@@ -108,7 +114,7 @@ class TrainRun:
             self.learner,
             rollout_plan(cfg, self.wiring, self.engine),
             cfg.learner,
-            hooks=LoopHooks(after_step=(self.after_step,), at_phase=self.at_phase),
+            hooks=LoopHooks(after_step=self._after_step_hooks(), at_phase=self.at_phase),
             tracker=self.tracker,
             device_lock=self.placement.device_lock,
         )
