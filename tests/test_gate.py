@@ -375,6 +375,9 @@ def test_the_gate_stage_fails_a_damaged_checkpoint_and_names_the_metrics(tmp_pat
     warm_start(cfg, good)
     first = quality_gate(cfg, good)
     assert first.passed and first.champion is None  # the first run has no champion to beat
+    # Per family too (informational): with one family, its rates are the overall ones.
+    for name in ("solve_rate", "pass@1_sampled", "pass@k"):
+        assert first.candidate[f"{name}/calculator"] == first.candidate[name]
     assert promote(cfg, good).decision == Decision.PROMOTED  # and becomes the champion
     assert promote(cfg, good).decision == Decision.ALREADY_CHAMPION  # a retried stage
     model = build_model(cfg.model, seed=0)

@@ -88,7 +88,8 @@ def evaluate(cfg: RunConfig, model_uri: str) -> tuple[dict[str, Estimate], dict[
         greedy, sampled = asyncio.run(both())
     finally:
         engine.close()
-    return quality_metrics(greedy, sampled, cfg.gate.confidence), status_counts(greedy)
+    # Per family too (`solve_rate/<family>`, ...): informational, never gated.
+    return quality_metrics(greedy, sampled, cfg.gate.confidence, tasks), status_counts(greedy)
 
 
 def _champion_metrics(cfg: RunConfig, champ: Champion, key: str) -> dict[str, Estimate]:
