@@ -1,0 +1,60 @@
+"""benchmarks/learning.py's cheap parts: a run's curve (training time excludes the evaluations'
+own time; Wilson intervals over the evaluated episodes) and the time to a target (no run)."""
+
+import json
+
+import pytest
+
+from asyncrl.metrics.intervals import wilson
+from benchmarks.learning import MODES, curve, mode_overrides, time_to
+
+
+def _write(run, rows):
+    (run / "train").mkdir(parents=True)
+    lines = [json.dumps({"kind": kind, **row}) for kind, row in rows]
+    (run / "train" / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+
+
+def test_the_curve_subtracts_every_evaluation_so_far_from_the_elapsed_time(tmp_path):
+    _write(
+        tmp_path,
+        [
+            (
+                "eval",
+                {"step": 0, "elapsed_s": 10.0, "eval_s": 10.0, "solve_rate": 0.25, "episodes": 8},
+            ),
+            ("train", {"step": 1, "elapsed_s": 30.0}),
+            (
+                "eval",
+                {"step": 2, "elapsed_s": 55.0, "eval_s": 5.0, "solve_rate": 0.5, "episodes": 8},
+            ),
+            (
+                "eval",
+                {"step": 4, "elapsed_s": 90.0, "eval_s": 5.0, "solve_rate": 0.75, "episodes": 8},
+            ),
+        ],
+    )
+    points = curve(tmp_path)
+    assert [p["step"] for p in points] == [0, 2, 4]
+    assert [p["train_s"] for p in points] == [0.0, 40.0, 70.0]
+    expected = wilson(6, 8, 0.95)
+    assert (points[2]["low"], points[2]["high"]) == (expected.low, expected.high)
+    assert time_to(points, 0.25 + 0.05) == 40.0  # the first evaluation at or above the target
+    assert time_to(points, 0.8) is None  # never reached
+
+
+def test_modes_compare_the_same_device_budget_and_sync_keeps_no_stale_groups():
+    assert MODES[0] == ("sync", "colocated")  # the baseline the ratios divide by
+    sync = mode_overrides("sync", "colocated", devices=4)
+    split = mode_overrides("async", "disaggregated", devices=4)
+    assert "learner.max_staleness=0" in sync and "cluster.rollout_devices=0" in sync
+    assert "cluster.rollout_devices=2" in split and "cluster.train_devices=2" in split
+    assert "learner.max_staleness=1" in split
+
+
+@pytest.mark.parametrize("mode,placement", MODES)
+def test_every_mode_is_a_valid_config(mode, placement):
+    from benchmarks.learning import config
+
+    cfg = config(mode_overrides(mode, placement, devices=4))
+    assert (cfg.learner.mode, cfg.cluster.placement) == (mode, placement)
