@@ -1,5 +1,6 @@
 """benchmarks/learning.py's cheap parts: a run's curve (training time excludes the evaluations'
-own time; Wilson intervals over the evaluated episodes) and the time to a target (no run)."""
+own time and the start-up; Wilson intervals over the evaluated episodes) and the time to a target
+(no run)."""
 
 import json
 
@@ -21,22 +22,23 @@ def test_the_curve_subtracts_every_evaluation_so_far_from_the_elapsed_time(tmp_p
         [
             (
                 "eval",
-                {"step": 0, "elapsed_s": 10.0, "eval_s": 10.0, "solve_rate": 0.25, "episodes": 8},
+                {"step": 0, "elapsed_s": 14.0, "eval_s": 10.0, "solve_rate": 0.25, "episodes": 8},
             ),
             ("train", {"step": 1, "elapsed_s": 30.0}),
             (
                 "eval",
-                {"step": 2, "elapsed_s": 55.0, "eval_s": 5.0, "solve_rate": 0.5, "episodes": 8},
+                {"step": 2, "elapsed_s": 59.0, "eval_s": 5.0, "solve_rate": 0.5, "episodes": 8},
             ),
             (
                 "eval",
-                {"step": 4, "elapsed_s": 90.0, "eval_s": 5.0, "solve_rate": 0.75, "episodes": 8},
+                {"step": 4, "elapsed_s": 94.0, "eval_s": 5.0, "solve_rate": 0.75, "episodes": 8},
             ),
         ],
     )
     points = curve(tmp_path)
     assert [p["step"] for p in points] == [0, 2, 4]
-    assert [p["train_s"] for p in points] == [0.0, 40.0, 70.0]
+    assert [p["train_s"] for p in points] == [0.0, 40.0, 70.0]  # from the first evaluation
+    assert {p["startup_s"] for p in points} == {4.0}  # before it: engine and compiles
     expected = wilson(6, 8, 0.95)
     assert (points[2]["low"], points[2]["high"]) == (expected.low, expected.high)
     assert time_to(points, 0.25 + 0.05) == 40.0  # the first evaluation at or above the target
