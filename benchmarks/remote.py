@@ -1,9 +1,12 @@
 """Remote rollout on loopback: weight publication to replicas, and a short run remote vs colocated.
 
-Layout measured: one trainer process and `--replicas` rollout-server processes (default 2) on this
-host's loopback, all sharing its CPU cores. The issue's layout has a 2-host trainer as well; two
-trainer processes plus two replicas on a 2-core machine measure CPU contention more than the
-remote path, so this benchmark keeps the trainer in one process (the remote path is the same).
+Layout measured: `--trainer-hosts` trainer processes (default 1) and `--replicas` rollout-server
+processes (default 2) on this host's loopback, all sharing its CPU cores. With `--trainer-hosts N`
+(N > 1) the remote run is also made by a trainer of N processes joined by `jax.distributed` on
+loopback (`asyncrl train` per process, as a JobSet trainer pod runs it: one CPU device each,
+JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / JAX_PROCESS_ID; process 0 leads, starts the
+replicas and writes the trace, the others follow in lockstep). On a 2-core machine that layout
+measures CPU contention as much as the remote path.
 
 1. Weight publication, for each `--publish-models` preset: replica processes serving that model,
    and the trainer's real path (`WeightPublisher` → `RemoteEngine.publish`: a safetensors folder
@@ -17,20 +20,28 @@ remote path, so this benchmark keeps the trainer in one process (the remote path
    the learner's programs in this process, so neither measured run pays them inside its loop.
    Steady rate: trajectories trained between the first and the last step's metrics row over that
    time (the ratio is of these); wall: the whole `train()` call, start-up included (the remote
-   run's includes starting its replicas, the colocated one's reuses this process's programs).
-3. Where the time goes, from each run's Perfetto trace (`asyncrl.tracing.reader.summarize`): the
-   share of the traced loop in publish (the trainer's blocking part), in train steps, the learner
-   idle (waiting for groups), and the mean model call as an episode sees it.
+   run's includes starting its replicas, the colocated one's reuses this process's programs; an
+   N-host run's is its processes' lifetime: imports, joining, compiling, replicas).
+3. Where the time goes, from each run's Perfetto trace (`asyncrl.tracing.reader.summarize`; process
+   0's for N hosts): the share of the traced loop in publish (the trainer's blocking part: the
+   parameter gather across hosts and the write) and its mean seconds per publish, in train steps,
+   the learner idle (waiting for groups), and the mean model call as an episode sees it.
 
     .venv/bin/python benchmarks/remote.py [--quick] [--steps 12] [--publish-models micro,small]
+        [--trainer-hosts 2]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import shutil
+import signal
+import socket
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -54,11 +65,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=12, help="optimizer steps of each training run")
     p.add_argument("--quick", action="store_true", help="micro only, 3 publishes, 6 steps")
     p.add_argument("--skip-training", action="store_true", help="part 1 only")
+    p.add_argument(
+        "--trainer-hosts", type=int, default=1,
+        help="N > 1: the remote run is also made by a trainer of N processes (jax.distributed)",
+    )  # fmt: skip
+    p.add_argument(
+        "--hosts-timeout", type=float, default=900.0,
+        help="seconds the N-host run may take before its processes are killed",
+    )  # fmt: skip
     args = p.parse_args(argv)
     if args.quick:
         args.publish_models, args.publishes, args.steps = "micro", 3, 6
-    if args.replicas < 1 or args.publishes < 1 or args.steps < 2:
-        p.error("--replicas and --publishes must be >= 1, --steps >= 2")
+    if args.replicas < 1 or args.publishes < 1 or args.steps < 2 or args.trainer_hosts < 1:
+        p.error("--replicas, --publishes and --trainer-hosts must be >= 1, --steps >= 2")
     return args
 
 
@@ -150,16 +169,93 @@ def where_time_goes(summary) -> dict:
     totals = {name: (secs, count) for name, secs, count in summary.by_name}
     span = max(summary.seconds, 1e-9)
     calls_s, calls = totals.get("model call", (0.0, 0))
+    publish_s, publishes = totals.get("publish", (0.0, 0))
     return {
         "traced_s": round(summary.seconds, 1),
-        "publish_share": round(totals.get("publish", (0.0, 0))[0] / span, 3),
+        "publish_share": round(publish_s / span, 3),
+        "publish_s": round(publish_s / publishes, 3) if publishes else None,
         "train_step_share": round(totals.get("train step", (0.0, 0))[0] / span, 3),
         "learner_idle": round(summary.learner_idle, 3),
         "model_call_mean_s": round(calls_s / calls, 3) if calls else None,
     }
 
 
-def measure_training(placement: str, args: argparse.Namespace, root: Path) -> dict:
+def trainer_command(config_file: Path, run_dir: Path) -> list[str]:
+    """What each trainer process runs: the train stage alone, as a JobSet trainer pod does."""
+    run = ["train", str(config_file), "--run-dir", str(run_dir)]
+    return [sys.executable, "-m", "asyncrl.cli", *run]
+
+
+def trainer_env(process: int, hosts: int, port: int) -> dict[str, str]:
+    """Trainer process `process` of `hosts` on loopback: a pod's environment (this Python's, no
+    XLA flags), one CPU device, and the coordinator on 127.0.0.1:`port` (cloud/distributed.py)."""
+    from asyncrl.cloud.distributed import ENV
+    from asyncrl.cloud.local_jobset import image_env
+
+    env = {k: v for k, v in image_env().items() if k not in ENV}
+    return env | {
+        "JAX_PLATFORMS": "cpu",
+        "XLA_FLAGS": "--xla_force_host_platform_device_count=1",
+        "JAX_COORDINATOR_ADDRESS": f"127.0.0.1:{port}",
+        "JAX_NUM_PROCESSES": str(hosts),
+        "JAX_PROCESS_ID": str(process),
+    }
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _why_stop(procs: list[subprocess.Popen], deadline: float, timeout_s: float) -> str | None:
+    """Why to stop a multi-process run now (a process failed, time is up), or None."""
+    for i, p in enumerate(procs):
+        if p.poll() not in (None, 0):
+            return f"trainer process {i} exited with {p.returncode}"
+    if time.monotonic() > deadline:
+        return f"the run took over {timeout_s:.0f} s"
+    return None
+
+
+def train_on_hosts(cfg, layout, hosts: int, timeout_s: float) -> int:
+    """`cfg`'s train stage by `hosts` processes joined on loopback; the steps trained. Each
+    process's output goes to `<run>/trainer-<i>.log`; a failure or a run past `timeout_s` kills
+    every process group (a trainer and the replicas it started) and raises with their tails."""
+    from asyncrl.config import to_yaml
+    from asyncrl.stages.train import TrainResult
+
+    config = layout.write_text(layout.root / "benchmark-config.yaml", to_yaml(cfg))
+    command, port = trainer_command(config, layout.root), _free_port()
+    logs = [layout.root / f"trainer-{i}.log" for i in range(hosts)]
+    procs = []
+    for i, log in enumerate(logs):
+        with log.open("w") as out:
+            procs.append(
+                subprocess.Popen(
+                    command, env=trainer_env(i, hosts, port), stdout=out,
+                    stderr=subprocess.STDOUT, start_new_session=True,
+                )
+            )  # fmt: skip
+    deadline, failed = time.monotonic() + timeout_s, None
+    try:
+        while failed is None and any(p.poll() is None for p in procs):
+            time.sleep(0.5)
+            failed = _why_stop(procs, deadline, timeout_s)
+        failed = failed or _why_stop(procs, float("inf"), timeout_s)
+    finally:
+        for p in procs:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGKILL)  # its own session: the trainer, its replicas
+            p.wait()
+    if failed:
+        tails = "\n".join(f"--- {log.name}\n{log.read_text()[-1500:]}" for log in logs)
+        raise RuntimeError(f"{failed}; logs under {layout.root}:\n{tails}")
+    return layout.read(TrainResult).steps
+
+
+def measure_training(placement: str, args: argparse.Namespace, root: Path, hosts: int = 1) -> dict:
+    """One short run: in this process (1 host), or by `hosts` trainer processes."""
     from asyncrl.metrics.tracker import read_jsonl
     from asyncrl.run_layout import RunLayout
     from asyncrl.stages.train import train
@@ -170,9 +266,13 @@ def measure_training(placement: str, args: argparse.Namespace, root: Path) -> di
     cfg = micro_config(
         f"cluster.placement={placement}", f"learner.steps={args.steps}", *RUN, *extra
     )
-    layout = RunLayout.of(Path(tempfile.mkdtemp(prefix=f"train-{placement}-", dir=root)))
+    folder = tempfile.mkdtemp(prefix=f"train-{placement}-{hosts}h-", dir=root)
+    layout = RunLayout.of(Path(folder))
     t0 = time.perf_counter()
-    result = train(cfg, layout)
+    if hosts == 1:
+        steps = train(cfg, layout).steps
+    else:
+        steps = train_on_hosts(cfg, layout, hosts, args.hosts_timeout)
     wall = time.perf_counter() - t0
     rows = read_jsonl(layout.train_metrics, kind="train")
     span_min = (rows[-1]["elapsed_s"] - rows[0]["elapsed_s"]) / 60
@@ -180,10 +280,11 @@ def measure_training(placement: str, args: argparse.Namespace, root: Path) -> di
     packets, _ = read_packets(layout.trace)
     return {
         "placement": placement,
-        "steps": result.steps,
+        "hosts": hosts,
+        "steps": steps,
         "wall_s": round(wall, 1),
         "traj_per_min": round(trained / max(span_min, 1e-9), 1),
-        "traj_per_min_wall": round(result.steps * cfg.learner.batch_size / wall * 60, 1),
+        "traj_per_min_wall": round(steps * cfg.learner.batch_size / wall * 60, 1),
         **where_time_goes(summarize(packets)),
     }
 
@@ -191,24 +292,35 @@ def measure_training(placement: str, args: argparse.Namespace, root: Path) -> di
 def _print_training(runs: list[dict]) -> None:
     base = runs[0]
     print(
-        "| placement | steps | traj/min (steady) | × colocated | traj/min (wall) | wall s | "
-        "publish | train step | learner idle | model call s |"
+        "| placement | trainer hosts | steps | traj/min (steady) | × colocated | traj/min (wall) "
+        "| wall s | publish | s per publish | train step | learner idle | model call s |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in runs:
         ratio = r["traj_per_min"] / max(base["traj_per_min"], 1e-9)
         print(
-            f"| {r['placement']} | {r['steps']} | {r['traj_per_min']} | {ratio:.2f} | "
-            f"{r['traj_per_min_wall']} | {r['wall_s']} | {100 * r['publish_share']:.1f}% | "
+            f"| {r['placement']} | {r['hosts']} | {r['steps']} | {r['traj_per_min']} | "
+            f"{ratio:.2f} | {r['traj_per_min_wall']} | {r['wall_s']} | "
+            f"{100 * r['publish_share']:.1f}% | {r['publish_s']} | "
             f"{100 * r['train_step_share']:.1f}% | {100 * r['learner_idle']:.1f}% | "
             f"{r['model_call_mean_s']} |"
         )
 
 
+def training_runs(trainer_hosts: int) -> list[tuple[str, int]]:
+    """(placement, trainer processes) of the measured runs, the colocated baseline first: the
+    remote run on one host, and on `trainer_hosts` when more."""
+    runs = [("colocated", 1), ("remote", 1)]
+    return runs + ([("remote", trainer_hosts)] if trainer_hosts > 1 else [])
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     root = Path(tempfile.mkdtemp(prefix="asyncrl-remote-"))
-    layout = f"1 trainer + {args.replicas} replica processes on loopback (no 2-host trainer)"
+    trainers = "1 trainer process" + (
+        f" (and {args.trainer_hosts} for the last run)" if args.trainer_hosts > 1 else ""
+    )
+    layout = f"{trainers} + {args.replicas} replica processes on loopback"
     print(json.dumps({"layout": layout, "root": str(root)}), flush=True)
     published = []
     for preset in args.publish_models.split(","):
@@ -228,8 +340,8 @@ def main(argv: list[str] | None = None) -> int:
     warm = measure_training("colocated", args, root)
     print(json.dumps({"warm_up": True, **warm}), flush=True)
     runs = []
-    for placement in ("colocated", "remote"):
-        runs.append(measure_training(placement, args, root))
+    for placement, hosts in training_runs(args.trainer_hosts):
+        runs.append(measure_training(placement, args, root, hosts))
         print(json.dumps(runs[-1]), flush=True)
     _print_training(runs)
     return 0

@@ -1,9 +1,20 @@
-"""benchmarks/remote.py's cheap parts: its arguments and the trace-share helper (no run)."""
+"""benchmarks/remote.py's cheap parts: its arguments, the runs and trainer processes it makes, and
+the trace-share helper (no run)."""
+
+import sys
+from pathlib import Path
 
 import pytest
 
+from asyncrl.cloud.distributed import ENV
 from asyncrl.tracing.reader import TraceSummary
-from benchmarks.remote import parse_args, where_time_goes
+from benchmarks.remote import (
+    parse_args,
+    trainer_command,
+    trainer_env,
+    training_runs,
+    where_time_goes,
+)
 
 
 def test_quick_mode_shrinks_the_run_and_bad_budgets_are_refused():
@@ -13,6 +24,33 @@ def test_quick_mode_shrinks_the_run_and_bad_budgets_are_refused():
     assert quick.publishes < full.publishes
     with pytest.raises(SystemExit):
         parse_args(["--steps", "1"])
+
+
+def test_one_trainer_host_by_default_and_n_hosts_add_a_remote_run_after_the_baseline():
+    assert parse_args([]).trainer_hosts == 1
+    assert parse_args(["--trainer-hosts", "2"]).trainer_hosts == 2
+    with pytest.raises(SystemExit):
+        parse_args(["--trainer-hosts", "0"])
+    assert training_runs(1) == [("colocated", 1), ("remote", 1)]  # as before the option
+    assert training_runs(2) == [("colocated", 1), ("remote", 1), ("remote", 2)]
+
+
+def test_each_trainer_process_runs_the_train_stage_with_one_device_and_its_place_in_the_job(
+    monkeypatch,
+):
+    monkeypatch.setenv("JAX_PROCESS_ID", "7")  # a launching process's own: never passed on
+    monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
+    command = trainer_command(Path("/r/cfg.yaml"), Path("/r"))
+    assert command[:4] == [sys.executable, "-m", "asyncrl.cli", "train"]
+    assert command[4:] == ["/r/cfg.yaml", "--run-dir", "/r"]
+    envs = [trainer_env(i, 2, 4242) for i in range(2)]
+    assert [e["JAX_PROCESS_ID"] for e in envs] == ["0", "1"]
+    for env in envs:
+        assert set(ENV) <= set(env)
+        assert env["JAX_COORDINATOR_ADDRESS"] == "127.0.0.1:4242"
+        assert env["JAX_NUM_PROCESSES"] == "2"
+        assert env["XLA_FLAGS"] == "--xla_force_host_platform_device_count=1"
+        assert env["JAX_PLATFORMS"] == "cpu"
 
 
 def test_where_time_goes_divides_each_slice_total_by_the_traced_span():
@@ -26,8 +64,10 @@ def test_where_time_goes_divides_each_slice_total_by_the_traced_span():
     )
     shares = where_time_goes(summary)
     assert shares["publish_share"] == pytest.approx(1.0 / 20.0)
+    assert shares["publish_s"] == pytest.approx(1.0 / 4)
     assert shares["train_step_share"] == pytest.approx(8.0 / 20.0)
     assert shares["learner_idle"] == pytest.approx(0.6)
     assert shares["model_call_mean_s"] == pytest.approx(12.0 / 30)
     none = where_time_goes(TraceSummary(1.0, (), 1.0, 1.0, (), ()))
     assert none["publish_share"] == 0.0 and none["model_call_mean_s"] is None
+    assert none["publish_s"] is None
