@@ -220,7 +220,7 @@ def test_warm_start_metrics_carry_wilson_intervals_over_the_heldout_episodes():
         seconds=12.5,
         final_loss=0.31,
         heldout_solve_rate=40 / n,
-        heldout_by_family=(("calculator", 20 / 64), ("lookup", 20 / 64)),
+        heldout_by_family=tuple((f, 20 / cfg.env.heldout_size) for f in ("calculator", "lookup")),
         demonstrations=2000,
         skipped_too_long=48,
     )

@@ -13,7 +13,6 @@ from asyncrl.learner.hooks import LoopHooks
 from asyncrl.learner.lockstep import Alone
 from asyncrl.learner.loop import TrainingLoop
 from asyncrl.learner.state import LoopState
-from asyncrl.stages.train import learner_for
 from asyncrl.testing.configs import micro_config
 from asyncrl.testing.multihost import TRAIN_OVERRIDES
 from asyncrl.testing.replay import replay
@@ -22,7 +21,7 @@ from asyncrl.types import FinishReason
 from asyncrl.wiring import step_record
 from asyncrl.wiring.devices import make_placement
 from asyncrl.wiring.episodes import Wiring
-from asyncrl.wiring.training import rollout_plan, training_tasks
+from asyncrl.wiring.training import learner_for, rollout_plan, training_tasks
 
 STEPS = 2
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import time
 from dataclasses import dataclass
 from typing import ClassVar
@@ -20,23 +19,27 @@ from typing import ClassVar
 from asyncrl import records, tracing
 from asyncrl.checkpoint.manager import Checkpointer
 from asyncrl.config import RunConfig
-from asyncrl.learner.learner import Learner
-from asyncrl.learner.lockstep import Lockstep, of_processes
+from asyncrl.learner.lockstep import of_processes
 from asyncrl.learner.state import LoopState
 from asyncrl.metrics.plots import lag_histogram, learning_curve, queue_occupancy, reward_curve
 from asyncrl.metrics.tracker import JsonlTracker, TensorBoardTracker, Tracker, Trackers
-from asyncrl.model import build_model
 from asyncrl.model import hf_checkpoint as hf
 from asyncrl.rollout import event_loop
 from asyncrl.rollout.gc_tuning import tuned_for_rollout
 from asyncrl.run_layout import RunLayout, Stage
 from asyncrl.sampling.protocol import RolloutEngine
 from asyncrl.wiring import faults, lockstep, step_record
-from asyncrl.wiring.devices import Placement, make_placement
+from asyncrl.wiring.devices import make_placement
 from asyncrl.wiring.episodes import Wiring
-from asyncrl.wiring.step_record import StepRecorder
 from asyncrl.wiring.train_run import TrainRun
-from asyncrl.wiring.training import local_engine, note_restored, note_trained, remote_engine, resume
+from asyncrl.wiring.training import (
+    learner_for,
+    local_engine,
+    note_restored,
+    note_trained,
+    remote_engine,
+    resume,
+)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -83,7 +86,7 @@ def train(cfg: RunConfig, layout: RunLayout, init_model: str | None = None) -> T
         )
         stack.callback(checkpointer.close)
         steps = of_processes()
-        recorder = _step_recorder(layout, steps)
+        recorder = step_record.from_env(layout.step_records, steps)
         learner = learner_for(cfg, wiring, placement, source, recorder or steps)
         record = resume(checkpointer, learner, cfg)
         note_restored(layout, learner, record)
@@ -131,38 +134,6 @@ def _lead(cfg, wiring, layout, learner, checkpointer, placement, record, source,
         with tracing.tracing(_tracer(cfg, layout)), tuned_for_rollout():  # start-up is done
             state = event_loop.run(run.main(record.state))
     return state, run.evals
-
-
-def learner_for(
-    cfg: RunConfig,
-    wiring: Wiring,
-    placement: Placement,
-    source: str | None,
-    steps: Lockstep | None = None,
-) -> Learner:
-    """The stage's learner: the model (from `source` when given) on the train mesh, keeping step
-    with the trainer's other processes through `steps` (default: alone)."""
-    model = build_model(cfg.model, seed=cfg.seed)
-    if source:
-        hf.load_into(model, source)
-    tokenizer_vocab = wiring.fmt.tok.vocab_size  # the ids the engine can sample
-    return Learner(
-        model,
-        cfg.learner,
-        max_len=cfg.env.max_context,
-        mesh=placement.train_mesh,
-        vocab_limit=tokenizer_vocab,
-        temperature=cfg.rollout.temperature,  # score the distribution the engine sampled from
-        lockstep=steps,
-    )
-
-
-def _step_recorder(layout: RunLayout, steps: Lockstep) -> StepRecorder | None:
-    """With ASYNCRL_RECORD_STEPS=1, a step recorder around `steps` writing under the run folder
-    (wiring/step_record.py); else None and nothing changes."""
-    if os.environ.get(step_record.ENV) != "1":
-        return None
-    return StepRecorder(steps, layout.step_records)
 
 
 def _engine(cfg, wiring, layout, learner, placement, source, stack) -> RolloutEngine:

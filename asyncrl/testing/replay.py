@@ -4,7 +4,7 @@
 
 CONFIG: the run's config (YAML); RECORDS: the run's step records (`wiring/step_record.py`, written
 with ASYNCRL_RECORD_STEPS=1). Builds the learner exactly as the train stage does
-(`stages/train.learner_for`: the same model, seed and starting checkpoint, the config's mesh over
+(`wiring/training.learner_for`: the same model, seed and starting checkpoint, the config's mesh over
 this process's devices), trains on each recorded batch in the recorded order, and writes what it
 computed (the loss and the parameters after each step) under OUT in the same format, so a test can
 compare the two step by step. For the same mesh, give this process as many devices as the recorded
@@ -23,10 +23,10 @@ from asyncrl.config import RunConfig, load_config
 def replay(cfg: RunConfig, records: Path, out: Path, init_model: str | None = None) -> int:
     """Train on every recorded batch in order, writing each step's loss and parameters under
     `out`; returns the number of steps replayed."""
-    from asyncrl.stages.train import learner_for
     from asyncrl.wiring import step_record
     from asyncrl.wiring.devices import make_placement
     from asyncrl.wiring.episodes import Wiring
+    from asyncrl.wiring.training import learner_for
 
     recorded = step_record.read(records)
     if not recorded or [r.step for r in recorded] != list(range(1, len(recorded) + 1)):

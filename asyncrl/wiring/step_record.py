@@ -16,6 +16,7 @@ that resumes from a checkpoint rewrites the records of the steps it trains again
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -96,3 +97,9 @@ def read(folder: Path) -> list[RecordedStep]:
 
 def _fields():
     return dataclasses.fields(TrainBatch)
+
+
+def from_env(folder: Path, steps: Lockstep) -> StepRecorder | None:
+    """With ASYNCRL_RECORD_STEPS=1, a recorder around `steps` writing into `folder`; else None
+    and nothing changes."""
+    return StepRecorder(steps, folder) if os.environ.get(ENV) == "1" else None

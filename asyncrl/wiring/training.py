@@ -18,6 +18,8 @@ from asyncrl.checkpoint.train_record import TrainRecord, incompatibilities
 from asyncrl.config import RunConfig, to_yaml
 from asyncrl.envs.tasks import EpochOrder, task_stream
 from asyncrl.learner.learner import Learner
+from asyncrl.learner.lockstep import Lockstep
+from asyncrl.model import build_model
 from asyncrl.model import hf_checkpoint as hf
 from asyncrl.rollout.orchestrator import OrchestratorSettings, RolloutPlan
 from asyncrl.run_layout import RunLayout, Stage
@@ -111,6 +113,30 @@ def note_trained(layout: RunLayout, learner: Learner) -> None:
     record = {"process": process, "processes": jax.process_count(), "step": learner.step}
     text = json.dumps(record | {"shards": shards}, sort_keys=True)
     layout.write_text(layout.host_record(process), text + "\n")
+
+
+def learner_for(
+    cfg: RunConfig,
+    wiring: Wiring,
+    placement: Placement,
+    source: str | None,
+    steps: Lockstep | None = None,
+) -> Learner:
+    """The stage's learner: the model (from `source` when given) on the train mesh, keeping step
+    with the trainer's other processes through `steps` (default: alone)."""
+    model = build_model(cfg.model, seed=cfg.seed)
+    if source:
+        hf.load_into(model, source)
+    tokenizer_vocab = wiring.fmt.tok.vocab_size  # the ids the engine can sample
+    return Learner(
+        model,
+        cfg.learner,
+        max_len=cfg.env.max_context,
+        mesh=placement.train_mesh,
+        vocab_limit=tokenizer_vocab,
+        temperature=cfg.rollout.temperature,  # score the distribution the engine sampled from
+        lockstep=steps,
+    )
 
 
 def local_engine(wiring: Wiring, learner: Learner, placement: Placement) -> RolloutEngine:
