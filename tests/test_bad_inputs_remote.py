@@ -827,7 +827,15 @@ def _probing_client(ports: list[int], root: Path, **kw) -> RemoteEngine:
         lambda params, folder: folder.mkdir(),
         0,
         token=TOKEN,
-        settings=ClientSettings(probe_interval_s=0.05, probe_max_backoff_s=0.2, **kw),
+        # Probes of a peer that is shutting down or hung must fail fast (the defaults wait 10 s
+        # for a connection and for a health reply, as long as the tests wait for a re-admission).
+        settings=ClientSettings(
+            probe_interval_s=0.05,
+            probe_max_backoff_s=0.2,
+            connect_timeout_s=1.0,
+            health_timeout_s=1.0,
+            **kw,
+        ),
     )
 
 
