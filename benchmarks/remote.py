@@ -17,7 +17,9 @@ measures CPU contention as much as the remote path.
 2. Trajectories per minute of the same training run (micro model, `--steps` optimizer steps, no
    evaluation or checkpoints) colocated in one process (the baseline) and with placement remote;
    the ratio remote / colocated. A first colocated run of the same config, not counted, compiles
-   the learner's programs in this process, so neither measured run pays them inside its loop.
+   the learner's programs in this process, so neither measured run pays them inside its loop; with
+   N hosts a first N-host run, not counted either, fills the trainer processes' persistent
+   compilation cache (`<root>/jax-cache`), which the measured N-host run loads.
    Steady rate: trajectories trained between the first and the last step's metrics row over that
    time (the ratio is of these); wall: the whole `train()` call, start-up included (the remote
    run's includes starting its replicas, the colocated one's reuses this process's programs; an
@@ -186,9 +188,10 @@ def trainer_command(config_file: Path, run_dir: Path) -> list[str]:
     return [sys.executable, "-m", "asyncrl.cli", *run]
 
 
-def trainer_env(process: int, hosts: int, port: int) -> dict[str, str]:
+def trainer_env(process: int, hosts: int, port: int, cache: Path) -> dict[str, str]:
     """Trainer process `process` of `hosts` on loopback: a pod's environment (this Python's, no
-    XLA flags), one CPU device, and the coordinator on 127.0.0.1:`port` (cloud/distributed.py)."""
+    XLA flags), one CPU device, the coordinator on 127.0.0.1:`port` (cloud/distributed.py), and
+    the persistent compilation cache `cache` (a run after the first loads its programs)."""
     from asyncrl.cloud.distributed import ENV
     from asyncrl.cloud.local_jobset import image_env
 
@@ -199,6 +202,8 @@ def trainer_env(process: int, hosts: int, port: int) -> dict[str, str]:
         "JAX_COORDINATOR_ADDRESS": f"127.0.0.1:{port}",
         "JAX_NUM_PROCESSES": str(hosts),
         "JAX_PROCESS_ID": str(process),
+        "JAX_COMPILATION_CACHE_DIR": str(cache),
+        "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
     }
 
 
@@ -228,12 +233,12 @@ def train_on_hosts(cfg, layout, hosts: int, timeout_s: float) -> int:
     config = layout.write_text(layout.root / "benchmark-config.yaml", to_yaml(cfg))
     command, port = trainer_command(config, layout.root), _free_port()
     logs = [layout.root / f"trainer-{i}.log" for i in range(hosts)]
-    procs = []
+    cache, procs = layout.root.parent / "jax-cache", []
     for i, log in enumerate(logs):
         with log.open("w") as out:
             procs.append(
                 subprocess.Popen(
-                    command, env=trainer_env(i, hosts, port), stdout=out,
+                    command, env=trainer_env(i, hosts, port, cache), stdout=out,
                     stderr=subprocess.STDOUT, start_new_session=True,
                 )
             )  # fmt: skip
@@ -339,6 +344,9 @@ def main(argv: list[str] | None = None) -> int:
     # then reuse (otherwise the first run measured pays them inside its loop).
     warm = measure_training("colocated", args, root)
     print(json.dumps({"warm_up": True, **warm}), flush=True)
+    if args.trainer_hosts > 1:  # the same for the trainer processes, through their cache
+        warm = measure_training("remote", args, root, args.trainer_hosts)
+        print(json.dumps({"warm_up": True, **warm}), flush=True)
     runs = []
     for placement, hosts in training_runs(args.trainer_hosts):
         runs.append(measure_training(placement, args, root, hosts))

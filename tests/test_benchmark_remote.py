@@ -43,7 +43,7 @@ def test_each_trainer_process_runs_the_train_stage_with_one_device_and_its_place
     command = trainer_command(Path("/r/cfg.yaml"), Path("/r"))
     assert command[:4] == [sys.executable, "-m", "asyncrl.cli", "train"]
     assert command[4:] == ["/r/cfg.yaml", "--run-dir", "/r"]
-    envs = [trainer_env(i, 2, 4242) for i in range(2)]
+    envs = [trainer_env(i, 2, 4242, Path("/r/jax-cache")) for i in range(2)]
     assert [e["JAX_PROCESS_ID"] for e in envs] == ["0", "1"]
     for env in envs:
         assert set(ENV) <= set(env)
@@ -51,6 +51,7 @@ def test_each_trainer_process_runs_the_train_stage_with_one_device_and_its_place
         assert env["JAX_NUM_PROCESSES"] == "2"
         assert env["XLA_FLAGS"] == "--xla_force_host_platform_device_count=1"
         assert env["JAX_PLATFORMS"] == "cpu"
+        assert env["JAX_COMPILATION_CACHE_DIR"] == "/r/jax-cache"  # the warm-up run's programs
 
 
 def test_where_time_goes_divides_each_slice_total_by_the_traced_span():
