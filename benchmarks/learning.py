@@ -11,7 +11,8 @@ Three subcommands over `configs/local.yaml` plus dotted overrides:
                                         `--devices` virtual CPU devices): the held-out curve
                                         against steps and against training wall time (evaluation
                                         time excluded), and each mode's time to warm start + 5
-                                        points, as a ratio to sync-colocated
+                                        points, as a ratio to sync-colocated (a run folder
+                                        that already holds a model is read, not rerun)
 
 `eval` runs greedy episodes on `--heldout` held-out tasks per family (the Wilson interval of the
 greedy solve rate is what the demo's claim rests on) and `--samples` episodes at T = 1 on the first
@@ -173,7 +174,9 @@ def modes(warm: str, out: Path, overrides: list[str], args) -> dict[str, object]
             "train_s": [c[-1]["train_s"] for c in curves],
             "startup_s": [c[0]["startup_s"] for c in curves],
             "time_to_target_s": times,
+            # Over the seeds that reached the target (`reached` says how many did).
             "time_to_target_mean_s": statistics.fmean(reached) if reached else None,
+            "reached": f"{len(reached)}/{len(times)}",
             "curves": curves,
         }
     base = summary[base_name]["time_to_target_mean_s"]
