@@ -76,14 +76,24 @@ def test_the_local_pipeline_runs_every_stage_and_passes(passing_run):
     )
 
 
-def test_an_impossible_gate_fails_the_run_at_the_gate_and_teardown_still_runs(failing_gate_run):
+def test_an_impossible_gate_fails_the_run_and_its_verdict_page_reaches_kfp(failing_gate_run):
+    """The gate task itself succeeds, so KFP keeps its outputs (the verdict page and metrics a
+    user opens to see why); the promote task after it fails the run; teardown still runs."""
     folder, result = failing_gate_run.folder, failing_gate_run.result
     assert not result.succeeded and result.final_state == "FAILED"
     assert result.gate_passed is False
     assert "report" not in result.stages_done and result.teardown_ran
-    gate = RunLayout.of(result.run_dir).read(GateResult)
+    layout = RunLayout.of(result.run_dir)
+    gate = layout.read(GateResult)
     assert [c.name for c in gate.failed] == ["solve_rate >= min_solve_rate"]
     assert not (folder / "ch" / "CURRENT.json").exists()  # nothing promoted
+    (outputs,) = layout.kfp_root.glob("*/quality-gate/executor_output.json")
+    artifacts = json.loads(outputs.read_text())["artifacts"]
+    (metrics,) = artifacts["metrics"]["artifacts"]
+    assert metrics["metadata"]["gate_passed"] == 0.0 and metrics["metadata"]["checks_failed"] == 1
+    page = (outputs.parent / "html").read_text()
+    assert "Quality gate FAILED" in page and "solve_rate &gt;= min_solve_rate" in page
+    assert not list(layout.kfp_root.glob("*/promote/executor_output.json"))  # promote failed
 
 
 def test_submit_and_schedule_send_the_run_config_to_the_kfp_api():

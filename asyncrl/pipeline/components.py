@@ -205,9 +205,9 @@ def quality_gate(
     for name, value in visuals.gate_metrics(result).items():
         metrics.log_metric(name, value)
     Path(html.path).write_text(visuals.gate_html(result))
-    if not result.passed:
-        failed = ", ".join(c.name for c in result.failed)
-        raise RuntimeError(f"quality gate failed: {failed}")
+    # A failed gate still ends this task successfully: KFP uploads the outputs (the verdict page,
+    # the metrics) of succeeded tasks only, and a failed gate is when people read them. The
+    # promote task after it fails the run, naming the failed checks.
 
 
 def promote(config_yaml: str, run_dir: str) -> str:
@@ -217,10 +217,16 @@ def promote(config_yaml: str, run_dir: str) -> str:
     cfg = load_config_text(config_yaml)
     if "quality_gate" not in cfg.pipeline.stages:
         return "skipped"
+    from asyncrl.stages.promote import Decision
     from asyncrl.stages.promote import promote as run
+    from asyncrl.stages.quality_gate import GateResult
 
-    result = run(cfg, RunLayout.of(run_dir))
+    layout = RunLayout.of(run_dir)
+    result = run(cfg, layout)
     print(f"promotion: {result.decision.value} ({result.registry})")
+    if result.decision == Decision.GATE_FAILED:  # the run fails here (see quality_gate above)
+        failed = ", ".join(c.name for c in layout.read(GateResult).failed)
+        raise RuntimeError(f"quality gate failed: {failed}")
     return result.decision.value
 
 
