@@ -63,15 +63,10 @@ class TrainRun:
         start = time.monotonic()
         with tracing.span("rollout", "held-out evaluation", {"step": step}):
             summary = await self.wiring.evaluate(self.engine, tag=f"eval{step}")
-        row = {
-            "solve_rate": summary.solve_rate,
-            # Seconds the evaluation took: time-to-quality figures subtract it from elapsed time.
-            "eval_s": round(time.monotonic() - start, 3),
-            "mean_reward": summary.mean_reward,
-            "episodes": float(summary.episodes),
-            **{f"solve_rate/{f}": v for f, v in summary.by_family},
-            **{f"status/{s}": float(n) for s, n in summary.statuses},
-        }
+        # Every rate with its interval (per family too), the failure breakdown and the statuses
+        # (EvalSummary.row), and the seconds the evaluation took: time-to-quality figures
+        # subtract it from elapsed time.
+        row = {**summary.row(), "eval_s": round(time.monotonic() - start, 3)}
         self.evals.append({"step": float(step), **row})
         self.tracker.log(step, row, kind="eval")
 
