@@ -96,6 +96,35 @@ def test_an_impossible_gate_fails_the_run_and_its_verdict_page_reaches_kfp(faili
     assert not list(layout.kfp_root.glob("*/promote/executor_output.json"))  # promote failed
 
 
+def test_a_failed_recovery_test_stops_the_run_at_promote_before_anything_is_promoted(tmp_path):
+    """The recovery task succeeds whatever its verdict (KFP keeps its page); promote refuses."""
+    from asyncrl.pipeline import components as c
+    from asyncrl.stages.recovery_test import PhaseVerdict
+
+    cfg = load_config(ROOT / "configs/local.yaml", [f"gate.champion={tmp_path / 'ch'}"])
+    assert "recovery_test" in cfg.pipeline.stages
+    layout = RunLayout.of(tmp_path / "run").create()
+    phase = PhaseVerdict(
+        phase="train_step",
+        kill_step=3,
+        killed=True,
+        checkpoint_at_kill=2,
+        resumed_step=2,
+        bit_identical=False,
+        cursor_ok=True,
+        lost_steps=0,
+        lost_tasks=0,
+        passed=False,
+        detail="restored parameters differ",
+    )
+    layout.write(
+        RecoveryVerdict(passed=False, completed=True, final_step=4, seconds=1.0, phases=(phase,))
+    )
+    with pytest.raises(RuntimeError, match="recovery test failed"):
+        c.promote(to_yaml(cfg), str(layout.root))
+    assert not (tmp_path / "ch" / "CURRENT.json").exists()
+
+
 def test_submit_and_schedule_send_the_run_config_to_the_kfp_api():
     cfg = load_config(ROOT / "configs/local.yaml")
     with kfp_stub() as stub:
