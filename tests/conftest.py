@@ -145,3 +145,30 @@ def failing_gate_run(tmp_path_factory):
         "pipeline.stages=[provision,train,quality_gate,report]",
     )
     return PipelineRun(folder, result)
+
+
+def recovery_verdict(*phases: tuple[str, bool]):
+    """A recovery verdict of (phase name, passed) phases, as the stage records it: a failed phase
+    resumed from the checkpoint before its kill with parameters that differ."""
+    from asyncrl.stages.recovery_test import PhaseVerdict, RecoveryVerdict
+
+    verdicts = tuple(
+        PhaseVerdict(
+            phase=name,
+            kill_step=3,
+            killed=True,
+            checkpoint_at_kill=2,
+            resumed_step=2,
+            bit_identical=ok,
+            cursor_ok=True,
+            lost_steps=1,
+            lost_tasks=0,
+            passed=ok,
+            detail="" if ok else "weights differ",
+        )
+        for name, ok in phases
+    )
+    passed = all(ok for _, ok in phases)
+    return RecoveryVerdict(
+        passed=passed, completed=True, final_step=6, seconds=9.0, phases=verdicts
+    )

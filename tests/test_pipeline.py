@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import PIPELINE_OVERRIDES
+from conftest import PIPELINE_OVERRIDES, recovery_verdict
 
 from asyncrl.config import load_config, load_config_text, to_yaml
 from asyncrl.config.ops import ALL_STAGES
@@ -99,27 +99,11 @@ def test_an_impossible_gate_fails_the_run_and_its_verdict_page_reaches_kfp(faili
 def test_a_failed_recovery_test_stops_the_run_at_promote_before_anything_is_promoted(tmp_path):
     """The recovery task succeeds whatever its verdict (KFP keeps its page); promote refuses."""
     from asyncrl.pipeline import components as c
-    from asyncrl.stages.recovery_test import PhaseVerdict
 
     cfg = load_config(ROOT / "configs/local.yaml", [f"gate.champion={tmp_path / 'ch'}"])
     assert "recovery_test" in cfg.pipeline.stages
     layout = RunLayout.of(tmp_path / "run").create()
-    phase = PhaseVerdict(
-        phase="train_step",
-        kill_step=3,
-        killed=True,
-        checkpoint_at_kill=2,
-        resumed_step=2,
-        bit_identical=False,
-        cursor_ok=True,
-        lost_steps=0,
-        lost_tasks=0,
-        passed=False,
-        detail="restored parameters differ",
-    )
-    layout.write(
-        RecoveryVerdict(passed=False, completed=True, final_step=4, seconds=1.0, phases=(phase,))
-    )
+    layout.write(recovery_verdict(("train_step", False)))
     with pytest.raises(RuntimeError, match="recovery test failed"):
         c.promote(to_yaml(cfg), str(layout.root))
     assert not (tmp_path / "ch" / "CURRENT.json").exists()

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import recovery_verdict
 
 from asyncrl.config import ConfigError, load_config, load_config_text, to_yaml
 from asyncrl.gates.quality import decide
@@ -18,7 +19,6 @@ from asyncrl.metrics.tracker import JsonlTracker
 from asyncrl.pipeline import params, remote, visuals
 from asyncrl.pipeline.components import FUNCTIONS
 from asyncrl.stages.quality_gate import GateResult
-from asyncrl.stages.recovery_test import PhaseVerdict, RecoveryVerdict
 from asyncrl.stages.train import TrainResult
 from asyncrl.stages.warm_start import WarmStartResult
 from asyncrl.testing.kfp_stub import kfp_stub
@@ -310,25 +310,7 @@ def test_gate_page_is_its_verdict_table_and_its_metrics_carry_intervals():
 
 
 def test_recovery_page_has_a_row_per_phase():
-    phases = tuple(
-        PhaseVerdict(
-            phase=name,
-            kill_step=3,
-            killed=True,
-            checkpoint_at_kill=2,
-            resumed_step=2,
-            bit_identical=ok,
-            cursor_ok=True,
-            lost_steps=1,
-            lost_tasks=0,
-            passed=ok,
-            detail="" if ok else "weights differ",
-        )
-        for name, ok in (("before_step", True), ("after_publish", False))
-    )
-    verdict = RecoveryVerdict(
-        passed=False, completed=True, final_step=6, seconds=9.0, phases=phases
-    )
+    verdict = recovery_verdict(("before_step", True), ("after_publish", False))
     m = visuals.recovery_metrics(verdict)
     assert (m["phases"], m["phases_passed"], m["passed"]) == (2, 1, 0.0)
     page = visuals.recovery_html(verdict)

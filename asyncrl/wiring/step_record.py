@@ -8,7 +8,7 @@ process 0 it keeps the batch of each train step as it is announced (exactly what
 trains on), and its `after_step` hook writes `<folder>/<step>.npz` holding that batch
 (`batch/<field>`), the step's loss (`loss`) and the parameters after the step (`params/<name>`,
 gathered whole through the learner, so on several hosts every process takes part). The stage
-installs it only when asked (ASYNCRL_RECORD_STEPS, read in `stages/train.py`); unasked, nothing of
+installs it only when asked (ASYNCRL_RECORD_STEPS=1, read by `from_env`); unasked, nothing of
 this runs. It writes one copy of the parameters per step: for tests and small models. A trainer
 that resumes from a checkpoint rewrites the records of the steps it trains again.
 """
