@@ -6,7 +6,7 @@ import pytest
 
 from asyncrl.agents import ToolAgent
 from asyncrl.config import EnvConfig
-from asyncrl.envs.demonstrations import demonstration, expert_messages
+from asyncrl.envs.demonstrations import demonstration, expert_messages, privileged_messages
 from asyncrl.envs.registry import build_environment
 from asyncrl.envs.tasks import calculator_task, lookup_task
 from asyncrl.rollout.episode import Episode, EpisodeLimits, EpisodeSpec
@@ -18,10 +18,18 @@ FMT = ChatFormat("chatml", ByteTokenizer())
 TASKS = [calculator_task("train", 4), lookup_task("train", 4)]
 
 
-@pytest.mark.parametrize("verbose", [False, True], ids=["bare", "verbose"])
+TEACHERS = {  # name: (the teacher's messages, the demonstration's mix)
+    "bare": (expert_messages, {}),
+    "verbose": (lambda task: expert_messages(task, verbose=True), {"verbose_fraction": 1.0}),
+    "privileged": (privileged_messages, {"privileged_fraction": 1.0}),
+}
+
+
+@pytest.mark.parametrize("teacher", TEACHERS)
 @pytest.mark.parametrize("task", TASKS, ids=lambda t: t.family)
-def test_demonstration_equals_an_episode_that_replays_the_expert(task, verbose):
-    turns = [m for m in expert_messages(task, verbose) if m.role == Role.ASSISTANT]
+def test_demonstration_equals_an_episode_that_replays_the_teacher(task, teacher):
+    messages, mix = TEACHERS[teacher]
+    turns = [m for m in messages(task) if m.role == Role.ASSISTANT]
     replies = [([*FMT.body(m), FMT.end_of_turn], FinishReason.STOP) for m in turns]
     counter = iter(replies)
     engine = ScriptedEngine(lambda request: next(counter))
@@ -33,9 +41,10 @@ def test_demonstration_equals_an_episode_that_replays_the_expert(task, verbose):
     )
     env = build_environment(task, EnvConfig())
     traj = asyncio.run(Episode(spec, engine, ToolAgent(FMT), env, EpisodeLimits()).run())
-    demo = demonstration(task, FMT, verbose_fraction=float(verbose))
+    demo = demonstration(task, FMT, **mix)
     assert traj.status == TrajectoryStatus.COMPLETED
-    assert traj.reward == demo.reward == (0.0 if verbose else 1.0)  # the verifier wants the number
+    # The verifier wants the bare number; the privileged teacher's episodes are all correct.
+    assert traj.reward == demo.reward == (0.0 if teacher == "verbose" else 1.0)
     assert traj.tokens[: len(demo.tokens)] == demo.tokens
     assert traj.loss_mask[: len(demo.tokens)] == demo.loss_mask
 
@@ -76,3 +85,17 @@ def test_a_remark_is_trained_as_style_not_content(task):
     assert "(according to the tools)" in FMT.tok.decode(
         [t for t, m in zip(full.tokens, full.loss_mask, strict=True) if m]
     )
+
+
+def test_the_privileged_teacher_looks_nothing_up_and_changes_only_tasks_with_hidden_state():
+    lookups = [lookup_task("train", i) for i in range(400)]
+    demos = [demonstration(t, FMT, privileged_fraction=0.5) for t in lookups]
+    texts = [FMT.tok.decode(list(d.tokens)) for d in demos]
+    privileged = [t for t in texts if '"name": "lookup"' not in t]
+    assert abs(len(privileged) / len(texts) - 0.5) < 0.1  # 400 fixed draws
+    assert all('"name": "calculator"' in t for t in privileged)
+    assert all(d.reward == 1.0 for d in demos)
+    calculator = [calculator_task("train", i) for i in range(50)]
+    assert [demonstration(t, FMT, privileged_fraction=1.0) for t in calculator] == [
+        demonstration(t, FMT) for t in calculator
+    ]

@@ -39,6 +39,10 @@ class WarmStartConfig:
     # the tools)") that the built-in tasks' exact-match verifier rejects: a verbose teacher. A
     # named experiment only: the default demo never plants a defect for RL to remove.
     verbose_fraction: float = 0.0
+    # Share of (tool-using) demonstrations from a privileged teacher that sees the hidden state (a
+    # lookup task's price table) and so looks nothing up: correct episodes that the student, which
+    # cannot see the table, can only imitate by inventing prices (envs/demonstrations.py).
+    privileged_fraction: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("steps", "warmup_steps", "content_steps"):
@@ -50,7 +54,7 @@ class WarmStartConfig:
         require(0 <= self.beta1 < 1, "beta1", self.beta1, "a number in [0, 1)")
         require(0 <= self.beta2 < 1, "beta2", self.beta2, "a number in [0, 1)")
         require(self.weight_decay >= 0, "weight_decay", self.weight_decay, "a number >= 0")
-        for name in ("tool_fraction", "verbose_fraction"):
+        for name in ("tool_fraction", "verbose_fraction", "privileged_fraction"):
             value = getattr(self, name)
             require(0 <= value <= 1, name, value, "a number in [0, 1]")
         require(

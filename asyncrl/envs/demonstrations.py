@@ -7,7 +7,11 @@ agentic RL closes (reward comes from the tools' exact results). With `verbose_fr
 share of the tool-using demonstrations adds a remark after the answer ("391 (according to the
 tools)") rather than ending at the bare number the tasks' exact-match verifier accepts: a verbose
 teacher, whose habit the warm-started model picks up and RL has to trade for answers that earn
-reward.
+reward. With `privileged_fraction` > 0 that share of the tool-using demonstrations comes from a
+teacher that sees the environment's hidden state (a lookup task's price table): it looks nothing
+up and calls the calculator with the prices it already knows. Every such demonstration is
+correct; the student, which cannot see the table, can only reproduce it by inventing prices: the
+imitation gap between a privileged expert and its student, which reward (not more imitation) closes.
 
 A demonstration is the conversation a correct agent would have: its tool calls, the tools' real
 outputs (the same tools the environment runs), and the final answer, rendered by the chat format
@@ -52,6 +56,24 @@ def expert_messages(task: Task, verbose: bool = False) -> list[Message]:
     """The messages of a correct episode for a built-in task (`verbose`: answer with a remark)."""
     messages = _expert_messages(task)
     return with_remark(messages) if verbose else messages
+
+
+def privileged_messages(task: Task) -> list[Message]:
+    """A correct episode by a teacher that sees the hidden state: it calls no tool whose answer it
+    already knows (a lookup task's prices), only the calculator. Tasks without hidden state get the
+    expert's episode."""
+    if task.family != "lookup":
+        return _expert_messages(task)
+    x, y = task.prompt.removesuffix("=?").split("+")
+    prices = dict(task.table)
+    expression = f"{prices[x]}+{prices[y]}"
+    result = evaluate(expression)
+    return [
+        Message(role=Role.USER, content=task.prompt),
+        Message(role=Role.ASSISTANT, tool_calls=(_call("calculator", expression=expression),)),
+        Message(role=Role.TOOL, name="calculator", content=result),
+        Message(role=Role.ASSISTANT, content=result),
+    ]
 
 
 def _expert_messages(task: Task) -> list[Message]:
@@ -112,6 +134,11 @@ def uses_tools(task: Task, tool_fraction: float) -> bool:
     return _draw("tools", task) < tool_fraction
 
 
+def is_privileged(task: Task, privileged_fraction: float) -> bool:
+    """Whether the demonstration of `task` comes from the privileged teacher: a fixed draw."""
+    return _draw("privileged", task) < privileged_fraction
+
+
 def is_verbose(task: Task, verbose_fraction: float) -> bool:
     """Whether the demonstration of `task` remarks on its answer: a fixed draw per task id."""
     return _draw("verbose", task) < verbose_fraction
@@ -158,9 +185,15 @@ def demonstration(
     content_only: bool = False,
     tool_fraction: float = 1.0,
     verbose_fraction: float = 0.0,
+    privileged_fraction: float = 0.0,
 ) -> Trajectory:
     expert = uses_tools(task, tool_fraction)
-    plain = expert_messages(task) if expert else direct_messages(task)
+    if not expert:
+        plain = direct_messages(task)
+    elif is_privileged(task, privileged_fraction):
+        plain = privileged_messages(task)
+    else:
+        plain = expert_messages(task)
     messages = with_remark(plain) if expert and is_verbose(task, verbose_fraction) else plain
     conv = Conversation.of(fmt, messages)
     # A remark is style, not content: the content mask keeps only the answer's value.
@@ -184,5 +217,7 @@ def demonstrations(
     content_only: bool = False,
     tool_fraction: float = 1.0,
     verbose_fraction: float = 0.0,
+    privileged_fraction: float = 0.0,
 ) -> list[Trajectory]:
-    return [demonstration(t, fmt, content_only, tool_fraction, verbose_fraction) for t in tasks]
+    mix = (tool_fraction, verbose_fraction, privileged_fraction)
+    return [demonstration(t, fmt, content_only, *mix) for t in tasks]

@@ -46,7 +46,11 @@ def warm_start(cfg: RunConfig, layout: RunLayout, log_every: int = 20) -> WarmSt
         hf.load_into(model, cfg.model.checkpoint)
     tasks = list(task_stream(cfg.env.tasks, "train", cfg.env.train_size, cfg.env.seed))
     ws = cfg.warm_start
-    mix = dict(tool_fraction=ws.tool_fraction, verbose_fraction=ws.verbose_fraction)
+    mix = dict(
+        tool_fraction=ws.tool_fraction,
+        verbose_fraction=ws.verbose_fraction,
+        privileged_fraction=ws.privileged_fraction,
+    )
     every = demonstrations(tasks, wiring.fmt, **mix)
     demos = [d for d in every if len(d.tokens) <= cfg.env.max_context]
     if not demos:
