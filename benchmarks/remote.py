@@ -9,11 +9,16 @@ replicas and writes the trace, the others follow in lockstep). On a 2-core machi
 measures CPU contention as much as the remote path.
 
 1. Weight publication, for each `--publish-models` preset: replica processes serving that model,
-   and the trainer's real path (`WeightPublisher` → `RemoteEngine.publish`: a safetensors folder
-   `v<N>/` written under the weights root, then every replica told its name and loading it). Per
-   publish: the seconds the trainer blocks (the write), the seconds until every replica reports
-   the new version (health), and MB/s = folder bytes / the latter. One warm-up publish is not
-   counted; medians over `--publishes`.
+   and the trainer's real path (the learner's `params_copy`, then `WeightPublisher` →
+   `RemoteEngine.publish`: a safetensors folder `v<N>/` written under the weights root, then every
+   replica told its name and loading it). Made by this process alone and, with `--trainer-hosts
+   N`, again by N processes joined as above, each holding the learner with its parameters sharded
+   over the global mesh; process 0 starts the replicas and publishes, the others follow its
+   parameter gathers (`wiring/lockstep.py`). Per publish: the gather (a device copy in one
+   process, a collective across N), the seconds the trainer blocks in the write, the seconds from
+   the write's start until every replica reports the new version (health), MB/s = folder bytes /
+   the latter, and the whole (gather + until served). One warm-up publish is not counted; medians
+   over `--publishes`.
 2. Trajectories per minute of the same training run (micro model, `--steps` optimizer steps, no
    evaluation or checkpoints) colocated in one process (the baseline) and with placement remote;
    the ratio remote / colocated. A first colocated run of the same config, not counted, compiles
@@ -29,7 +34,7 @@ measures CPU contention as much as the remote path.
    parameter gather across hosts and the write) and its mean seconds per publish, in train steps,
    the learner idle (waiting for groups), and the mean model call as an episode sees it.
 
-    .venv/bin/python benchmarks/remote.py [--quick] [--steps 12] [--publish-models micro,small]
+    .venv/bin/python benchmarks/remote.py [--quick] [--steps 12] [--publish-models micro,tiny,small]
         [--trainer-hosts 2]
 """
 
@@ -61,7 +66,7 @@ RUN = (
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--publish-models", default="micro,small", help="model presets for part 1")
+    p.add_argument("--publish-models", default="micro,tiny,small", help="model presets for part 1")
     p.add_argument("--publishes", type=int, default=5, help="timed publishes per preset")
     p.add_argument("--replicas", type=int, default=2)
     p.add_argument("--steps", type=int, default=12, help="optimizer steps of each training run")
@@ -75,6 +80,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--hosts-timeout", type=float, default=900.0,
         help="seconds the N-host run may take before its processes are killed",
     )  # fmt: skip
+    # One of N publishing processes (part 1 with --trainer-hosts N), run by this script itself.
+    p.add_argument("--publish-process", metavar="PRESET", help=argparse.SUPPRESS)
+    p.add_argument("--publish-dir", type=Path, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.quick:
         args.publish_models, args.publishes, args.steps = "micro", 3, 6
@@ -97,41 +105,80 @@ def _wait_for_version(engine, version: int, timeout_s: float = 300.0) -> None:
     raise TimeoutError(f"replicas did not report weights version {version} in {timeout_s} s")
 
 
-def _timed_publishes(publisher, params, n: int) -> tuple[list[float], list[float], int]:
-    """(seconds the trainer blocked, seconds until every replica serves it, folder bytes) of `n`
-    publishes after one warm-up (version 1)."""
-    engine, blocked, landed, size = publisher.engine, [], [], 0
+def _timed_publishes(learner, publisher, n: int) -> tuple[dict[str, list[float]], int]:
+    """`n` publishes after one warm-up (version 1), each as the trainer's loop makes it: the
+    learner's parameters gathered (`params_copy`: a device copy alone, a collective across the
+    processes of a multi-host trainer), written and announced (`publisher`), then waited for
+    until every replica serves it. Returns the seconds of each part per publish ("gather",
+    "write": the trainer blocks, "serve": from the write's start until every replica serves it,
+    "total": from the gather's start) and the version folder's bytes."""
+    engine, size = publisher.engine, 0
+    seconds: dict[str, list[float]] = {"gather": [], "write": [], "serve": [], "total": []}
     for version in range(1, n + 2):
         t0 = time.perf_counter()
+        params = learner.params_copy()
+        t1 = time.perf_counter()
         record = publisher.publish(params, version, version)
         size = sum(f.stat().st_size for f in (engine.weights_dir / f"v{version}").iterdir())
         _wait_for_version(engine, version)
+        t2 = time.perf_counter()
         if version > 1:
-            blocked.append(record.seconds)
-            landed.append(time.perf_counter() - t0)
-    return blocked, landed, size
+            parts = (t1 - t0, record.seconds, t2 - t1, t2 - t0)
+            for part, secs in zip(seconds, parts, strict=True):
+                seconds[part].append(secs)
+    return seconds, size
 
 
-def measure_publish(preset: str, args: argparse.Namespace, root: Path) -> dict:
+def _publish_config(preset: str):
+    from asyncrl.testing.configs import TINY_ENGINE_OVERRIDES, micro_config
+
+    # The smallest engine a replica can serve: weights are what this part measures, not decoding.
+    return micro_config(f"model.preset={preset}", *TINY_ENGINE_OVERRIDES)
+
+
+def publish_here(preset: str, args: argparse.Namespace, root: Path) -> dict | None:
+    """This process's part of measuring `preset`'s publication, as the train stage does it: every
+    trainer process (this one alone, or each of the processes joined by `jax.distributed`) holds
+    the learner on the train mesh (`learner_for`, parameters sharded over every process's
+    devices); process 0 starts the replicas and times the publishes while the others follow its
+    parameter gathers (`wiring.lockstep.follow`). Returns process 0's row; None elsewhere."""
+    from asyncrl.learner.lockstep import of_processes
+    from asyncrl.wiring import lockstep
+    from asyncrl.wiring.devices import make_placement
+    from asyncrl.wiring.episodes import Wiring
+    from asyncrl.wiring.training import learner_for
+
+    cfg = _publish_config(preset)
+    learner = learner_for(cfg, Wiring.of(cfg), make_placement(cfg), None, of_processes())
+    if not learner.lockstep.leader:
+        lockstep.follow(learner, None)  # only parameter gathers come: no checkpointer is needed
+        return None
+    try:
+        row = _lead_publishes(cfg, learner, preset, args, root)
+    except BaseException:
+        lockstep.stop(learner)  # the followers stop waiting for a gather that never comes
+        raise
+    lockstep.stop(learner, "published")
+    return row
+
+
+def _lead_publishes(cfg, learner, preset: str, args: argparse.Namespace, root: Path) -> dict:
+    """Process 0's part: the replicas, the engine, the timed publishes."""
+    import jax
     from flax import nnx
 
     from asyncrl.config import to_yaml
-    from asyncrl.model import build_model
     from asyncrl.model import hf_checkpoint as hf
     from asyncrl.serving.client import RemoteEngine
     from asyncrl.serving.client_settings import ClientSettings
     from asyncrl.serving.replica import start_local_replicas
     from asyncrl.sync.publisher import WeightPublisher
-    from asyncrl.testing.configs import TINY_ENGINE_OVERRIDES, micro_config
 
-    # The smallest engine a replica can serve: weights are what this part measures, not decoding.
-    cfg = micro_config(f"model.preset={preset}", *TINY_ENGINE_OVERRIDES)
     run = Path(tempfile.mkdtemp(prefix=f"publish-{preset}-", dir=root))
     (run / "config.yaml").write_text(to_yaml(cfg))
-    graphdef, params, rest = nnx.split(build_model(cfg.model, seed=0), nnx.Param, ...)
 
-    def save_params(p, folder: Path) -> None:  # the trainer's (wiring/training.remote_engine)
-        hf.save(nnx.merge(graphdef, p, rest), str(folder))
+    def save_params(params, folder: Path) -> None:  # the trainer's (wiring/training.remote_engine)
+        hf.save(nnx.merge(learner.graphdef, params, learner.rest), str(folder))
 
     t0 = time.perf_counter()
     replicas = start_local_replicas(
@@ -143,23 +190,62 @@ def measure_publish(preset: str, args: argparse.Namespace, root: Path) -> dict:
         token=replicas.token, settings=ClientSettings.of(cfg),
     )  # fmt: skip
     try:
-        blocked, landed, size = _timed_publishes(WeightPublisher(engine), params, args.publishes)
+        seconds, size = _timed_publishes(learner, WeightPublisher(engine), args.publishes)
+        served = [r.get("version", -1) for r in engine.health().values()]
     finally:
         engine.close()
         replicas.stop()
         shutil.rmtree(run / "weights", ignore_errors=True)  # the small model's: 2 x 127 MB
-    median = statistics.median(landed)
+    median = {part: statistics.median(secs) for part, secs in seconds.items()}
     return {
         "model": preset,
+        "processes": jax.process_count(),
         "params_M": round(size / 4 / 1e6, 2),  # float32 safetensors
         "MB": round(size / 1e6, 2),
         "replicas": args.replicas,
+        "served_versions": served,  # each replica's, after the last publish
         "replica_start_s": round(started_s, 1),
-        "write_s": round(statistics.median(blocked), 3),
-        "publish_s": round(median, 3),
-        "publish_s_max": round(max(landed), 3),
-        "MB_per_s": round(size / 1e6 / median, 1),
+        "gather_s": round(median["gather"], 4),
+        "write_s": round(median["write"], 3),
+        "publish_s": round(median["serve"], 3),
+        "publish_s_max": round(max(seconds["serve"]), 3),
+        "total_s": round(median["total"], 3),
+        "MB_per_s": round(size / 1e6 / median["serve"], 1),
     }
+
+
+def publish_command(preset: str, args: argparse.Namespace, folder: Path) -> list[str]:
+    """What each of N publishing processes runs: this script's `publish_here` for `preset`,
+    process 0 writing its row to `<folder>/publish.json`."""
+    own = ["--replicas", str(args.replicas), "--publishes", str(args.publishes)]
+    return [sys.executable, str(Path(__file__).resolve()), "--publish-process", preset, *own,
+            "--publish-dir", str(folder)]  # fmt: skip
+
+
+def measure_publish(preset: str, args: argparse.Namespace, root: Path, hosts: int = 1) -> dict:
+    """`preset`'s publication from a trainer of `hosts` processes: this one alone, or `hosts`
+    processes joined by `jax.distributed` on loopback (`run_on_hosts`)."""
+    if hosts == 1:
+        row = publish_here(preset, args, root)
+        assert row is not None  # alone, this process leads
+        return row
+    folder = Path(tempfile.mkdtemp(prefix=f"publish-{preset}-{hosts}h-", dir=root))
+    command = publish_command(preset, args, folder)
+    run_on_hosts(command, hosts, folder, root / "jax-cache", args.hosts_timeout)
+    return json.loads((folder / "publish.json").read_text())
+
+
+def _print_publish(rows: list[dict]) -> None:
+    print(
+        "| model | trainer processes | params (M) | MB | gather s | write s (trainer blocks) "
+        "| publish s (replicas) | MB/s | s per publish |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(
+            f"| {r['model']} | {r['processes']} | {r['params_M']} | {r['MB']} | {r['gather_s']} "
+            f"| {r['write_s']} | {r['publish_s']} | {r['MB_per_s']} | {r['total_s']} |"
+        )
 
 
 # -- 2. and 3. a short run, colocated and remote ---------------------------------------------------
@@ -223,17 +309,13 @@ def _why_stop(procs: list[subprocess.Popen], deadline: float, timeout_s: float) 
     return None
 
 
-def train_on_hosts(cfg, layout, hosts: int, timeout_s: float) -> int:
-    """`cfg`'s train stage by `hosts` processes joined on loopback; the steps trained. Each
-    process's output goes to `<run>/trainer-<i>.log`; a failure or a run past `timeout_s` kills
-    every process group (a trainer and the replicas it started) and raises with their tails."""
-    from asyncrl.config import to_yaml
-    from asyncrl.stages.train import TrainResult
-
-    config = layout.write_text(layout.root / "benchmark-config.yaml", to_yaml(cfg))
-    command, port = trainer_command(config, layout.root), _free_port()
-    logs = [layout.root / f"trainer-{i}.log" for i in range(hosts)]
-    cache, procs = layout.root.parent / "jax-cache", []
+def run_on_hosts(command: list[str], hosts: int, folder: Path, cache: Path, timeout_s: float):
+    """`command` run by `hosts` processes joined on loopback (`trainer_env`, the persistent
+    compilation cache `cache`), until every one exits. Each process's output goes to
+    `<folder>/trainer-<i>.log`; a failure or a run past `timeout_s` kills every process group (a
+    process and the replicas it started) and raises with their tails."""
+    port, procs = _free_port(), []
+    logs = [folder / f"trainer-{i}.log" for i in range(hosts)]
     for i, log in enumerate(logs):
         with log.open("w") as out:
             procs.append(
@@ -251,11 +333,22 @@ def train_on_hosts(cfg, layout, hosts: int, timeout_s: float) -> int:
     finally:
         for p in procs:
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(p.pid, signal.SIGKILL)  # its own session: the trainer, its replicas
+                os.killpg(p.pid, signal.SIGKILL)  # its own session: the process, its replicas
             p.wait()
     if failed:
         tails = "\n".join(f"--- {log.name}\n{log.read_text()[-1500:]}" for log in logs)
-        raise RuntimeError(f"{failed}; logs under {layout.root}:\n{tails}")
+        raise RuntimeError(f"{failed}; logs under {folder}:\n{tails}")
+
+
+def train_on_hosts(cfg, layout, hosts: int, timeout_s: float) -> int:
+    """`cfg`'s train stage by `hosts` processes joined on loopback (`run_on_hosts`); the steps
+    trained."""
+    from asyncrl.config import to_yaml
+    from asyncrl.stages.train import TrainResult
+
+    config = layout.write_text(layout.root / "benchmark-config.yaml", to_yaml(cfg))
+    command = trainer_command(config, layout.root)
+    run_on_hosts(command, hosts, layout.root, layout.root.parent / "jax-cache", timeout_s)
     return layout.read(TrainResult).steps
 
 
@@ -319,25 +412,36 @@ def training_runs(trainer_hosts: int) -> list[tuple[str, int]]:
     return runs + ([("remote", trainer_hosts)] if trainer_hosts > 1 else [])
 
 
+def publish_process(args: argparse.Namespace) -> int:
+    """One of the N processes of `measure_publish`: join the others, take part; process 0 writes
+    its row to `<--publish-dir>/publish.json`."""
+    from asyncrl.cloud.distributed import initialize_from_env
+
+    initialize_from_env()
+    row = publish_here(args.publish_process, args, args.publish_dir)
+    if row is not None:
+        (args.publish_dir / "publish.json").write_text(json.dumps(row))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.publish_process:
+        return publish_process(args)
     root = Path(tempfile.mkdtemp(prefix="asyncrl-remote-"))
     trainers = "1 trainer process" + (
-        f" (and {args.trainer_hosts} for the last run)" if args.trainer_hosts > 1 else ""
+        f" (and {args.trainer_hosts} for publication and the last run)"
+        if args.trainer_hosts > 1
+        else ""
     )
     layout = f"{trainers} + {args.replicas} replica processes on loopback"
     print(json.dumps({"layout": layout, "root": str(root)}), flush=True)
     published = []
-    for preset in args.publish_models.split(","):
-        published.append(measure_publish(preset, args, root))
-        print(json.dumps(published[-1]), flush=True)
-    print("| model | params (M) | MB | write s (trainer blocks) | publish s (replicas) | MB/s |")
-    print("|---|---|---|---|---|---|")
-    for r in published:
-        print(
-            f"| {r['model']} | {r['params_M']} | {r['MB']} | {r['write_s']} | "
-            f"{r['publish_s']} | {r['MB_per_s']} |"
-        )
+    for hosts in sorted({1, args.trainer_hosts}):
+        for preset in args.publish_models.split(","):
+            published.append(measure_publish(preset, args, root, hosts))
+            print(json.dumps(published[-1]), flush=True)
+    _print_publish(published)
     if args.skip_training:
         return 0
     # Not counted: compiles the learner's step programs in this process, which both measured runs

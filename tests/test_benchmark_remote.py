@@ -1,5 +1,6 @@
 """benchmarks/remote.py's cheap parts: its arguments, the runs and trainer processes it makes, and
-the trace-share helper (no run)."""
+the trace-share helper (no run); and its publication from two trainer processes, for the micro
+model."""
 
 import sys
 from pathlib import Path
@@ -9,7 +10,9 @@ import pytest
 from asyncrl.cloud.distributed import ENV
 from asyncrl.tracing.reader import TraceSummary
 from benchmarks.remote import (
+    measure_publish,
     parse_args,
+    publish_command,
     trainer_command,
     trainer_env,
     training_runs,
@@ -19,7 +22,7 @@ from benchmarks.remote import (
 
 def test_quick_mode_shrinks_the_run_and_bad_budgets_are_refused():
     full, quick = parse_args([]), parse_args(["--quick"])
-    assert full.publish_models.split(",") == ["micro", "small"] and full.replicas == 2
+    assert full.publish_models.split(",") == ["micro", "tiny", "small"] and full.replicas == 2
     assert quick.publish_models == "micro" and quick.steps < full.steps
     assert quick.publishes < full.publishes
     with pytest.raises(SystemExit):
@@ -72,3 +75,27 @@ def test_where_time_goes_divides_each_slice_total_by_the_traced_span():
     none = where_time_goes(TraceSummary(1.0, (), 1.0, 1.0, (), ()))
     assert none["publish_share"] == 0.0 and none["model_call_mean_s"] is None
     assert none["publish_s"] is None
+
+
+def test_each_publishing_process_runs_this_script_for_one_preset_with_the_budget():
+    args = parse_args(["--publishes", "3", "--replicas", "1"])
+    command = publish_command("tiny", args, Path("/r/p"))
+    assert command[:2] == [sys.executable, str(Path("benchmarks/remote.py").resolve())]
+    again = parse_args(command[2:])
+    assert again.publish_process == "tiny" and again.publish_dir == Path("/r/p")
+    assert (again.publishes, again.replicas) == (3, 1)
+
+
+def test_two_trainer_processes_publish_the_micro_model_to_both_replicas(tmp_path):
+    """Two processes joined by jax.distributed hold the sharded parameters; process 0 gathers
+    them, writes and announces each version; both replicas end up serving the last one."""
+    args = parse_args(["--publishes", "2", "--publish-models", "micro"])
+    row = measure_publish("micro", args, tmp_path, hosts=2)
+    assert row["model"] == "micro" and row["processes"] == 2
+    assert row["served_versions"] == [3, 3]  # one warm-up and two timed publishes, each replica
+    assert row["MB"] > 0.1
+    for part in ("gather_s", "write_s", "publish_s", "total_s"):
+        assert row[part] > 0, part
+    assert row["total_s"] >= row["publish_s"]
+    logs = sorted(p.name for p in tmp_path.glob("publish-micro-2h-*/trainer-*.log"))
+    assert logs == ["trainer-0.log", "trainer-1.log"]
