@@ -40,7 +40,6 @@ from pathlib import Path
 from asyncrl.config import RunConfig, load_config
 from asyncrl.envs.tasks import heldout, task_stream
 from asyncrl.gates.evaluation import EvalSummary, evaluate_heldout
-from asyncrl.metrics.intervals import wilson
 from asyncrl.metrics.tracker import read_jsonl
 from asyncrl.model import build_model
 from asyncrl.model import hf_checkpoint as hf
@@ -118,25 +117,24 @@ def mode_overrides(mode: str, placement: str, devices: int) -> list[str]:
     ]
 
 
-def curve(run: Path, confidence: float = 0.95) -> list[dict[str, float]]:
-    """A run's held-out evaluations: step, solve rate with its Wilson interval, and training wall
-    time since the first evaluation (the run's elapsed time minus the time its evaluations took
-    and minus its start-up, `startup_s`: building the engine and compiling before step 1)."""
+def curve(run: Path) -> list[dict[str, float]]:
+    """A run's held-out evaluations: step, solve rate with the interval its evaluation recorded,
+    and training wall time since the first evaluation (the run's elapsed time minus the time its
+    evaluations took and minus its start-up, `startup_s`: building the engine and compiling
+    before step 1)."""
     out, spent, startup = [], 0.0, None
     for row in read_jsonl(run / "train" / "metrics.jsonl", kind="eval"):
         spent += row.get("eval_s", 0.0)
         wall = row["elapsed_s"] - spent
         startup = wall if startup is None else startup
-        n = int(row["episodes"])
-        e = wilson(round(row["solve_rate"] * n), n, confidence)
         out.append(
             {
                 "step": row["step"],
                 "train_s": round(wall - startup, 1),
                 "startup_s": round(startup, 1),
-                "solve_rate": e.value,
-                "low": e.low,
-                "high": e.high,
+                "solve_rate": row["solve_rate"],
+                "low": row["solve_rate_low"],
+                "high": row["solve_rate_high"],
             }
         )
     return out

@@ -16,23 +16,20 @@ def _write(run, rows):
     (run / "train" / "metrics.jsonl").write_text("\n".join(lines) + "\n")
 
 
+def _eval(step: int, elapsed_s: float, eval_s: float, solved: int, n: int = 8) -> tuple:
+    e = wilson(solved, n, 0.95)  # the interval the train stage's evaluation records
+    row = {"solve_rate": e.value, "solve_rate_low": e.low, "solve_rate_high": e.high}
+    return "eval", {"step": step, "elapsed_s": elapsed_s, "eval_s": eval_s, **row}
+
+
 def test_the_curve_subtracts_every_evaluation_so_far_from_the_elapsed_time(tmp_path):
     _write(
         tmp_path,
         [
-            (
-                "eval",
-                {"step": 0, "elapsed_s": 14.0, "eval_s": 10.0, "solve_rate": 0.25, "episodes": 8},
-            ),
+            _eval(0, 14.0, 10.0, 2),
             ("train", {"step": 1, "elapsed_s": 30.0}),
-            (
-                "eval",
-                {"step": 2, "elapsed_s": 59.0, "eval_s": 5.0, "solve_rate": 0.5, "episodes": 8},
-            ),
-            (
-                "eval",
-                {"step": 4, "elapsed_s": 94.0, "eval_s": 5.0, "solve_rate": 0.75, "episodes": 8},
-            ),
+            _eval(2, 59.0, 5.0, 4),
+            _eval(4, 94.0, 5.0, 6),
         ],
     )
     points = curve(tmp_path)
