@@ -89,7 +89,7 @@ def test_each_publishing_process_runs_this_script_for_one_preset_with_the_budget
 def test_two_trainer_processes_publish_the_micro_model_to_both_replicas(tmp_path):
     """Two processes joined by jax.distributed hold the sharded parameters; process 0 gathers
     them, writes and announces each version; both replicas end up serving the last one."""
-    args = parse_args(["--publishes", "2", "--publish-models", "micro"])
+    args = parse_args(["--publishes", "2", "--publish-models", "micro", "--hosts-timeout", "120"])
     row = measure_publish("micro", args, tmp_path, hosts=2)
     assert row["model"] == "micro" and row["processes"] == 2
     assert row["served_versions"] == [3, 3]  # one warm-up and two timed publishes, each replica
