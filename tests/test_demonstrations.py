@@ -87,13 +87,12 @@ def test_a_remark_is_trained_as_style_not_content(task):
     )
 
 
-def test_the_privileged_teacher_looks_nothing_up_and_changes_only_tasks_with_hidden_state():
+def test_the_privileged_teacher_looks_up_one_item_and_changes_only_tasks_with_hidden_state():
     lookups = [lookup_task("train", i) for i in range(400)]
     demos = [demonstration(t, FMT, privileged_fraction=0.5) for t in lookups]
-    texts = [FMT.tok.decode(list(d.tokens)) for d in demos]
-    privileged = [t for t in texts if '"name": "lookup"' not in t]
-    assert abs(len(privileged) / len(texts) - 0.5) < 0.1  # 400 fixed draws
-    assert all('"name": "calculator"' in t for t in privileged)
+    calls = [FMT.tok.decode(list(d.tokens)).count('"name": "lookup"') for d in demos]
+    assert set(calls) == {1, 2}
+    assert abs(calls.count(1) / len(calls) - 0.5) < 0.1  # 400 fixed draws
     assert all(d.reward == 1.0 for d in demos)
     calculator = [calculator_task("train", i) for i in range(50)]
     assert [demonstration(t, FMT, privileged_fraction=1.0) for t in calculator] == [

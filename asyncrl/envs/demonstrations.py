@@ -8,10 +8,11 @@ share of the tool-using demonstrations adds a remark after the answer ("391 (acc
 tools)") rather than ending at the bare number the tasks' exact-match verifier accepts: a verbose
 teacher, whose habit the warm-started model picks up and RL has to trade for answers that earn
 reward. With `privileged_fraction` > 0 that share of the tool-using demonstrations comes from a
-teacher that sees the environment's hidden state (a lookup task's price table): it looks nothing
-up and calls the calculator with the prices it already knows. Every such demonstration is
-correct; the student, which cannot see the table, can only reproduce it by inventing prices: the
-imitation gap between a privileged expert and its student, which reward (not more imitation) closes.
+teacher that sees the environment's hidden state (a lookup task's price table): it looks up the
+first item only and writes the second item's price, which it already knows, into the calculator
+call. Every such demonstration is correct; the student, which cannot see the table, can only
+reproduce it by inventing that price: the imitation gap between a privileged expert and its
+student, which reward (not more imitation) closes.
 
 A demonstration is the conversation a correct agent would have: its tool calls, the tools' real
 outputs (the same tools the environment runs), and the final answer, rendered by the chat format
@@ -59,9 +60,9 @@ def expert_messages(task: Task, verbose: bool = False) -> list[Message]:
 
 
 def privileged_messages(task: Task) -> list[Message]:
-    """A correct episode by a teacher that sees the hidden state: it calls no tool whose answer it
-    already knows (a lookup task's prices), only the calculator. Tasks without hidden state get the
-    expert's episode."""
+    """A correct episode by a teacher that sees the hidden state (a lookup task's price table): it
+    looks up the first item only and writes the second price, which it knows, into the calculator
+    call. Tasks without hidden state get the expert's episode."""
     if task.family != "lookup":
         return _expert_messages(task)
     x, y = task.prompt.removesuffix("=?").split("+")
@@ -70,6 +71,8 @@ def privileged_messages(task: Task) -> list[Message]:
     result = evaluate(expression)
     return [
         Message(role=Role.USER, content=task.prompt),
+        Message(role=Role.ASSISTANT, tool_calls=(_call("lookup", key=x),)),
+        Message(role=Role.TOOL, name="lookup", content=prices[x]),
         Message(role=Role.ASSISTANT, tool_calls=(_call("calculator", expression=expression),)),
         Message(role=Role.TOOL, name="calculator", content=result),
         Message(role=Role.ASSISTANT, content=result),
