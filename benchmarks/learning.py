@@ -39,11 +39,13 @@ from pathlib import Path
 
 from asyncrl.config import RunConfig, load_config
 from asyncrl.envs.tasks import heldout, task_stream
-from asyncrl.gates.evaluation import EvalSummary, evaluate_heldout
+from asyncrl.gates.evaluation import EvalSummary, evaluate_heldout, run_episodes, summarize
 from asyncrl.metrics.tracker import read_jsonl
 from asyncrl.model import build_model
 from asyncrl.model import hf_checkpoint as hf
 from asyncrl.run_layout import RunLayout
+from asyncrl.tokenize import ChatFormat
+from asyncrl.types import Task, Trajectory
 from asyncrl.wiring.episodes import Wiring
 
 CONFIG = "configs/local.yaml"
@@ -76,26 +78,47 @@ async def _evaluate(cfg: RunConfig, model_dir: str, heldout_n: int, train_n: int
         make_env=wiring.make_env,
         make_agent=wiring.make_agent,
         limits=wiring.limits(),
-        confidence=0.95,
         concurrency=cfg.rollout.max_concurrency,
         seed=cfg.seed,
     )
     try:
         engine.warmup()
         tasks = heldout(cfg.env.tasks, heldout_n, cfg.env.seed)
-        held = await evaluate_heldout(
-            engine, tasks, sampling=wiring.sampling(0.0), samples=0, tag="lab-heldout", **common
+        greedy = await run_episodes(
+            engine, tasks, sampling=wiring.sampling(0.0), tag="lab-heldout-greedy", **common
         )
+        held = summarize(tasks, greedy, confidence=0.95)
         out = _rates(held, greedy_only=True)
+        out.update(lookups(tasks, [g[0] for g in greedy], wiring.fmt))
         if train_n and k:
             train = list(task_stream(cfg.env.tasks, "train", train_n, cfg.env.seed))
             sampled = await evaluate_heldout(
-                engine, train, sampling=wiring.sampling(1.0), samples=k, tag="lab-train", **common
+                engine,
+                train,
+                sampling=wiring.sampling(1.0),
+                samples=k,
+                confidence=0.95,
+                tag="lab-train",
+                **common,
             )
             out.update(_rates(sampled, greedy_only=False))
         return out
     finally:
         engine.close()
+
+
+def lookups(tasks: list[Task], episodes: list[Trajectory], fmt: ChatFormat) -> dict[str, object]:
+    """Greedy lookup episodes by how many lookup calls they made (what the default demo's
+    privileged teacher leaves the student guessing: one call, or both), with their solve rates."""
+    calls: dict[int, list[float]] = {}
+    for task, episode in zip(tasks, episodes, strict=True):
+        if task.family == "lookup":
+            n = fmt.tok.decode(list(episode.tokens)).count('"name": "lookup"')
+            calls.setdefault(n, []).append(episode.reward)
+    return {
+        f"lookup_calls={n}": f"{len(r)} episodes, solved {100 * sum(r) / len(r):.1f}%"
+        for n, r in sorted(calls.items())
+    }
 
 
 def evaluate(cfg: RunConfig, model_dir: str, args) -> dict[str, object]:
