@@ -108,8 +108,9 @@ async def _evaluate(cfg: RunConfig, model_dir: str, heldout_n: int, train_n: int
 
 
 def lookups(tasks: list[Task], episodes: list[Trajectory], fmt: ChatFormat) -> dict[str, object]:
-    """Greedy lookup episodes by how many lookup calls they made (what the default demo's
-    privileged teacher leaves the student guessing: one call, or both), with their solve rates."""
+    """Greedy lookup episodes by how many lookup calls they made (a student of the privileged
+    teacher, `warm_start.privileged_fraction`, makes one and invents the other price, or looks
+    both up), with their solve rates."""
     calls: dict[int, list[float]] = {}
     for task, episode in zip(tasks, episodes, strict=True):
         if task.family == "lookup":

@@ -1,13 +1,16 @@
 """benchmarks/learning.py's cheap parts: a run's curve (training time excludes the evaluations'
 own time and the start-up; Wilson intervals over the evaluated episodes) and the time to a target
-(no run)."""
+(no run), and the count of lookup calls in greedy lookup episodes."""
 
 import json
 
 import pytest
 
+from asyncrl.envs.demonstrations import demonstration
+from asyncrl.envs.tasks import calculator_task, lookup_task
 from asyncrl.metrics.intervals import wilson
-from benchmarks.learning import MODES, curve, mode_overrides, time_to
+from asyncrl.tokenize import ByteTokenizer, ChatFormat
+from benchmarks.learning import MODES, curve, lookups, mode_overrides, time_to
 
 
 def _write(run, rows):
@@ -57,3 +60,18 @@ def test_every_mode_is_a_valid_config(mode, placement):
 
     cfg = config(mode_overrides(mode, placement, devices=4))
     assert (cfg.learner.mode, cfg.cluster.placement) == (mode, placement)
+
+
+def test_lookup_episodes_are_counted_by_their_lookup_calls():
+    fmt = ChatFormat("chatml", ByteTokenizer())
+    tasks = [lookup_task("train", i) for i in range(3)] + [calculator_task("train", 0)]
+    # Two privileged episodes (one lookup call each), one expert episode (two calls), one
+    # calculator episode (not a lookup task: not counted); every demonstration is solved.
+    shares = [1.0, 1.0, 0.0, 1.0]
+    episodes = [
+        demonstration(t, fmt, privileged_fraction=p) for t, p in zip(tasks, shares, strict=True)
+    ]
+    assert lookups(tasks, episodes, fmt) == {
+        "lookup_calls=1": "2 episodes, solved 100.0%",
+        "lookup_calls=2": "1 episodes, solved 100.0%",
+    }

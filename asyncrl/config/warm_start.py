@@ -40,8 +40,9 @@ class WarmStartConfig:
     # named experiment only: the default demo never plants a defect for RL to remove.
     verbose_fraction: float = 0.0
     # Share of (tool-using) demonstrations from a privileged teacher that sees the hidden state (a
-    # lookup task's price table) and so looks nothing up: correct episodes that the student, which
-    # cannot see the table, can only imitate by inventing prices (envs/demonstrations.py).
+    # lookup task's price table), looks up the first item only and knows the second price: correct
+    # episodes that the student, which cannot see the table, can only imitate by inventing that
+    # price (envs/demonstrations.py).
     privileged_fraction: float = 0.0
 
     def __post_init__(self) -> None:
