@@ -65,14 +65,21 @@ def privileged_messages(task: Task) -> list[Message]:
     call. Tasks without hidden state get the expert's episode."""
     if task.family != "lookup":
         return _expert_messages(task)
-    x, y = task.prompt.removesuffix("=?").split("+")
+    return _lookup_messages(task, look_up=1)
+
+
+def _lookup_messages(task: Task, look_up: int) -> list[Message]:
+    """A lookup task solved by looking up its first `look_up` items (in one turn) and writing the
+    prices of the rest, known to the teacher, straight into the calculator call."""
+    items = task.prompt.removesuffix("=?").split("+")
     prices = dict(task.table)
-    expression = f"{prices[x]}+{prices[y]}"
+    expression = "+".join(prices[item] for item in items)
     result = evaluate(expression)
+    looked = items[:look_up]
     return [
         Message(role=Role.USER, content=task.prompt),
-        Message(role=Role.ASSISTANT, tool_calls=(_call("lookup", key=x),)),
-        Message(role=Role.TOOL, name="lookup", content=prices[x]),
+        Message(role=Role.ASSISTANT, tool_calls=tuple(_call("lookup", key=i) for i in looked)),
+        *(Message(role=Role.TOOL, name="lookup", content=prices[i]) for i in looked),
         Message(role=Role.ASSISTANT, tool_calls=(_call("calculator", expression=expression),)),
         Message(role=Role.TOOL, name="calculator", content=result),
         Message(role=Role.ASSISTANT, content=result),
@@ -80,32 +87,17 @@ def privileged_messages(task: Task) -> list[Message]:
 
 
 def _expert_messages(task: Task) -> list[Message]:
-    user = Message(role=Role.USER, content=task.prompt)
     if task.family == "calculator":
         expression = task.prompt.removesuffix("=?")
         result = evaluate(expression)
         return [
-            user,
+            Message(role=Role.USER, content=task.prompt),
             Message(role=Role.ASSISTANT, tool_calls=(_call("calculator", expression=expression),)),
             Message(role=Role.TOOL, name="calculator", content=result),
             Message(role=Role.ASSISTANT, content=result),
         ]
     if task.family == "lookup":
-        x, y = task.prompt.removesuffix("=?").split("+")
-        prices = dict(task.table)
-        expression = f"{prices[x]}+{prices[y]}"
-        result = evaluate(expression)
-        return [
-            user,
-            Message(
-                role=Role.ASSISTANT, tool_calls=(_call("lookup", key=x), _call("lookup", key=y))
-            ),
-            Message(role=Role.TOOL, name="lookup", content=prices[x]),
-            Message(role=Role.TOOL, name="lookup", content=prices[y]),
-            Message(role=Role.ASSISTANT, tool_calls=(_call("calculator", expression=expression),)),
-            Message(role=Role.TOOL, name="calculator", content=result),
-            Message(role=Role.ASSISTANT, content=result),
-        ]
+        return _lookup_messages(task, look_up=2)
     raise ValueError(f"no expert for task family {task.family!r}")
 
 
