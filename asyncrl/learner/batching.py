@@ -71,8 +71,12 @@ def build_batch(
     rows: int | None = None,
     minibatches: int = 1,
     no_signal_share: float = 0.0,
+    row_multiple: int = 1,
 ) -> TrainBatch:
-    """Pack trajectories (with their advantages) into a TrainBatch; `rows` overrides the budget."""
+    """Pack trajectories (with their advantages) into a TrainBatch; `rows` overrides the budget.
+
+    `row_multiple`: rows per micro-batch are rounded up to a multiple of it (the learner's data
+    parallelism, so every device gets an equal share of each micro-batch's rows)."""
     if len(trajectories) != len(advantages):
         raise ValueError("one advantage per trajectory")
     if len(trajectories) < minibatches:
@@ -83,6 +87,7 @@ def build_batch(
         raise ValueError(f"a trajectory of {longest + 1} tokens exceeds max_len={max_len}")
     n = len(trajectories)
     rows = rows or max(1, min(_ceil_div(n, minibatches), micro_batch_tokens // width))
+    rows = _ceil_div(rows, row_multiple) * row_multiple
     n_micro = _ceil_div(_ceil_div(n, rows), minibatches) * minibatches
     if n_micro > n:
         raise ValueError(f"{rows} rows per micro-batch leave a mini-batch without trajectories")

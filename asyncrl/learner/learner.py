@@ -32,6 +32,7 @@ from asyncrl.learner.losses import LossSettings
 from asyncrl.learner.optimizer import OptimizerSettings, make_optimizer
 from asyncrl.learner.step import (
     Scoring,
+    StatePlacement,
     StepConfig,
     TrainState,
     init_state,
@@ -40,7 +41,13 @@ from asyncrl.learner.step import (
     score_batch,
 )
 from asyncrl.model import Transformer
-from asyncrl.model.sharding import copy_state, shard_model
+from asyncrl.model.sharding import (
+    batch_sharding,
+    copy_state,
+    data_parallel,
+    onto_mesh,
+    shard_model,
+)
 from asyncrl.types import Group, Trajectory
 
 
@@ -79,18 +86,27 @@ class Learner:
             settings = dataclasses.replace(rl, steps=rl.steps * k, warmup_steps=rl.warmup_steps * k)
         tx, self.schedule = make_optimizer(settings)
         self.state: TrainState = init_state(copy_state(params), tx)
+        self._rows_multiple = 1
+        if mesh is not None:
+            self.state = onto_mesh(self.state, mesh)
+            self._rows_multiple = data_parallel(mesh)
         self.reference = copy_state(params) if cfg.kl_coef > 0 and sft is None else None
         self.scoring = Scoring(vocab_limit=vocab_limit, temperature=temperature or 1.0)
+        placement = None if mesh is None else StatePlacement.of(self.state)
         rl_config = StepConfig(
             graphdef=self.graphdef,
             optimizer=settings,
             scoring=self.scoring,
             settings=LossSettings.of(cfg),
             minibatches=cfg.minibatches,
+            placement=placement,
         )
         self._rl_step = make_rl_step(rl_config, self.rest)
         sft_config = StepConfig(
-            graphdef=self.graphdef, optimizer=settings, scoring=Scoring(vocab_limit=vocab_limit)
+            graphdef=self.graphdef,
+            optimizer=settings,
+            scoring=Scoring(vocab_limit=vocab_limit),
+            placement=placement,
         )
         self._sft_step = make_sft_step(sft_config, self.rest)
         self._score_config = rl_config
@@ -114,6 +130,7 @@ class Learner:
             rows=rows,
             minibatches=self.cfg.minibatches,
             no_signal_share=no_signal,
+            row_multiple=self._rows_multiple,
         )
 
     def sft_batch(self, trajectories: Sequence[Trajectory], rows: int | None = None) -> TrainBatch:
@@ -123,6 +140,7 @@ class Learner:
             max_len=self.max_len,
             micro_batch_tokens=self.cfg.micro_batch_tokens,
             rows=rows,
+            row_multiple=self._rows_multiple,
         )
 
     def rl_step(
@@ -173,6 +191,12 @@ class Learner:
                 )
 
     def _place(self, batch: TrainBatch) -> TrainBatch:
+        """The batch on the mesh, its rows split over the data x fsdp devices (a batch whose rows
+        do not divide evenly, e.g. built with an explicit `rows`, is replicated instead)."""
         if self.mesh is None:
             return batch
-        return jax.device_put(batch, NamedSharding(self.mesh, PartitionSpec()))
+        if batch.inputs.shape[1] % self._rows_multiple:
+            return jax.device_put(batch, NamedSharding(self.mesh, PartitionSpec()))
+        return jax.device_put(
+            batch, jax.tree.map(lambda a: batch_sharding(self.mesh, np.ndim(a)), batch)
+        )

@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -109,6 +110,27 @@ def _normalisers(mask: jax.Array) -> tuple[jax.Array, jax.Array]:
     return jnp.maximum((mask.sum(-1) > 0).sum(), 1).astype(jnp.float32), mask.sum()
 
 
+@dataclass(frozen=True, slots=True)
+class StatePlacement:
+    """Where a train state lives on its mesh (hashable: part of a `StepConfig`). A step places
+    the state it returns like the one it was given; left to itself XLA would choose other
+    shardings for some outputs (e.g. split a norm's Adam moments), and the second step would
+    then compile again for inputs placed differently."""
+
+    treedef: Any
+    shardings: tuple
+
+    @classmethod
+    def of(cls, state: TrainState) -> StatePlacement:
+        leaves, treedef = jax.tree.flatten(jax.tree.map(lambda x: x.sharding, state))
+        return cls(treedef=treedef, shardings=tuple(leaves))
+
+    def constrain(self, state: TrainState) -> TrainState:
+        return jax.lax.with_sharding_constraint(
+            state, jax.tree.unflatten(self.treedef, self.shardings)
+        )
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StepConfig:
     """Everything static about a step (hashable): equal configurations share one compilation,
@@ -119,6 +141,7 @@ class StepConfig:
     scoring: Scoring
     settings: LossSettings | None = None  # RL only
     minibatches: int = 1
+    placement: StatePlacement | None = None  # None: one device, nothing to keep in place
 
 
 def make_rl_step(c: StepConfig, rest):
@@ -193,7 +216,7 @@ def _rl_step(state: TrainState, batch: TrainBatch, ref_params, *, rest, c: StepC
     sums = {key: v.max() if key.endswith("_max") else v.sum() for key, v in sums.items()}
     metrics = _metrics(losses.mean(), norms.mean(), schedule(state.step * k), sums, n_tok.sum())
     metrics["no_signal_share"] = batch.no_signal_share
-    return TrainState(params=params, opt_state=opt_state, step=state.step + 1), metrics
+    return _placed(c, TrainState(params=params, opt_state=opt_state, step=state.step + 1)), metrics
 
 
 @functools.partial(jax.jit, static_argnames="c", donate_argnums=0)
@@ -209,7 +232,11 @@ def _sft_step(state: TrainState, batch: TrainBatch, *, rest, c: StepConfig):
     loss, grads, sums = _accumulate(loss_of, state.params, micro)
     params, opt_state = _update(tx, state.params, state.opt_state, grads)
     metrics = _metrics(loss, optax.tree.norm(grads), schedule(state.step), sums, batch.n_tokens)
-    return TrainState(params=params, opt_state=opt_state, step=state.step + 1), metrics
+    return _placed(c, TrainState(params=params, opt_state=opt_state, step=state.step + 1)), metrics
+
+
+def _placed(c: StepConfig, state: TrainState) -> TrainState:
+    return state if c.placement is None else c.placement.constrain(state)
 
 
 def init_state(params: nnx.State, tx: optax.GradientTransformation) -> TrainState:

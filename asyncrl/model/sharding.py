@@ -87,6 +87,36 @@ def copy_state(state, placement: jax.sharding.Sharding | None = None):
     return jax.tree.map(lambda x: jnp.array(x, copy=True), state)
 
 
+def data_parallel(mesh: Mesh) -> int:
+    """How many ways a batch splits on `mesh`: its data x fsdp axes (FSDP is data parallelism
+    with sharded parameters; the tensor axis shares each row)."""
+    return mesh.shape["data"] * mesh.shape["fsdp"]
+
+
+def batch_sharding(mesh: Mesh, ndim: int) -> NamedSharding:
+    """Where a batch array of `ndim` dimensions lives: arrays [M, R, ...] (micro-batches of R
+    rows) split their rows over data x fsdp, so each device scores and differentiates its own
+    rows and the gradients are reduced across them; scalars are replicated."""
+    if ndim < 2:
+        return NamedSharding(mesh, PartitionSpec())
+    return NamedSharding(mesh, PartitionSpec(None, ("data", "fsdp")))
+
+
+def onto_mesh(tree, mesh: Mesh):
+    """`tree` with every leaf not yet on `mesh` (optimizer counters, the step) replicated onto
+    it: a jitted step then sees the same input shardings before and after its first call, and
+    compiles once instead of twice."""
+    whole = NamedSharding(mesh, PartitionSpec())
+
+    def one(x):
+        sharding = getattr(x, "sharding", None)
+        if isinstance(sharding, NamedSharding) and sharding.mesh == mesh:
+            return x
+        return jax.device_put(np.asarray(x), whole)
+
+    return jax.tree.map(one, tree)
+
+
 def shard_model(model: nnx.Module, mesh: Mesh, rules=DEFAULT_RULES) -> None:
     """Place every variable of `model` on `mesh` in place."""
     shardings = state_shardings(model, mesh, rules)
