@@ -37,6 +37,7 @@ def newest_warm_start() -> str | None:
 def one(mode: str, placement: str, args, root: Path) -> dict:
     from asyncrl.config import load_config
     from asyncrl.metrics.tracker import read_jsonl
+    from asyncrl.run_layout import RunLayout
     from asyncrl.stages.train import train
 
     half = args.devices // 2
@@ -60,8 +61,9 @@ def one(mode: str, placement: str, args, root: Path) -> dict:
         ],
     )
     run = Path(tempfile.mkdtemp(prefix=f"{mode}-{placement}-", dir=root))
-    result = train(cfg, run, init_model=args.init_model)
-    rows = read_jsonl(run / "train" / "metrics.jsonl", kind="train")
+    layout = RunLayout.of(run).create()
+    result = train(cfg, layout, init_model=args.init_model)
+    rows = read_jsonl(layout.train_metrics, kind="train")
     span_min = max((rows[-1]["elapsed_s"] - rows[0]["elapsed_s"]) / 60, 1e-9) if rows else 1.0
     return {
         "mode": mode,
