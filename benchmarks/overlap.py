@@ -29,6 +29,9 @@ RUNS = (
 )
 
 
+CONFIG = Path(__file__).resolve().parent.parent / "configs" / "local.yaml"
+
+
 def newest_warm_start() -> str | None:
     found = sorted(Path("runs").glob("*/warm_start/model/model.safetensors"))
     return str(found[-1].parent) if found else None
@@ -42,7 +45,7 @@ def one(mode: str, placement: str, args, root: Path) -> dict:
 
     half = args.devices // 2
     cfg = load_config(
-        "configs/local.yaml",
+        CONFIG,
         [
             f"learner.mode={mode}",
             f"learner.max_staleness={0 if mode == 'sync' else 1}",
@@ -58,6 +61,7 @@ def one(mode: str, placement: str, args, root: Path) -> dict:
             "checkpoint.every_steps=0",
             "tracing.enabled=false",
             "tracing.tensorboard=false",
+            *args.override,
         ],
     )
     run = Path(tempfile.mkdtemp(prefix=f"{mode}-{placement}-", dir=root))
@@ -85,6 +89,9 @@ def main(argv=None) -> int:
     p.add_argument("--devices", type=int, default=4)
     p.add_argument("--heldout", type=int, default=32)
     p.add_argument("--init-model", default=None)
+    p.add_argument(
+        "--override", action="append", default=[], help="KEY=VALUE on top of the runs' settings"
+    )
     args = p.parse_args(argv)
     args.init_model = args.init_model or newest_warm_start()
     os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={args.devices}"
