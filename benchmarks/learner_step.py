@@ -22,34 +22,6 @@ import sys
 import time
 
 
-def _trajectories(seed: int = 0):
-    import numpy as np
-
-    from asyncrl.types import Group, Trajectory
-
-    rng = np.random.default_rng(seed)
-    groups = []
-    for g in range(8):
-        trajs = []
-        for i in range(8):
-            length, prompt = int(rng.integers(60, 240)), 40
-            mask = (0,) * prompt + (1,) * (length - prompt)
-            trajs.append(
-                Trajectory(
-                    id=f"{g}-{i}",
-                    group_id=f"g{g}",
-                    task_id="t",
-                    tokens=tuple(int(x) for x in rng.integers(0, 250, length)),
-                    loss_mask=mask,
-                    logprobs=tuple(-1.0 if m else 0.0 for m in mask),
-                    versions=tuple(0 if m else -1 for m in mask),
-                    reward=float(rng.integers(0, 2)),
-                )
-            )
-        groups.append(Group(group_id=f"g{g}", number=g, task_id="t", trajectories=tuple(trajs)))
-    return groups
-
-
 def measure(n: int, split: bool, steps: int) -> dict[str, object]:
     import jax
     from jax.sharding import NamedSharding, PartitionSpec
@@ -58,6 +30,7 @@ def measure(n: int, split: bool, steps: int) -> dict[str, object]:
     from asyncrl.learner.learner import Learner
     from asyncrl.model import build_model
     from asyncrl.model.sharding import make_mesh
+    from asyncrl.testing.trajectories import random_groups
 
     cfg = load_config("configs/local.yaml")
     mesh = make_mesh(jax.devices()[:n])
@@ -65,7 +38,7 @@ def measure(n: int, split: bool, steps: int) -> dict[str, object]:
     if not split:  # the baseline: the whole batch on every device
         whole = NamedSharding(mesh, PartitionSpec())
         learner._place = lambda batch: jax.device_put(batch, whole)
-    batch = learner.batch_from_groups(_trajectories())
+    batch = learner.batch_from_groups(random_groups(8, 8, lengths=(60, 240), prompt=40))
     times = []
     for _ in range(steps + 1):
         start = time.perf_counter()

@@ -22,7 +22,8 @@ from asyncrl.learner.learner import Learner
 from asyncrl.model import build_model
 from asyncrl.model.sharding import make_mesh
 from asyncrl.testing.configs import micro_config
-from asyncrl.types import Group, Trajectory
+from asyncrl.testing.trajectories import random_groups
+from asyncrl.types import Group
 
 LOSS_TOL = 1e-6
 STEP_TOL = 1e-4  # lr (1e-3) / 10
@@ -31,27 +32,7 @@ BACKEND_COMPILE = "/jax/core/compile/backend_compile_duration"
 
 
 def _groups(n_groups=2, size=4, seed=0) -> list[Group]:
-    rng = np.random.default_rng(seed)
-    groups = []
-    for g in range(n_groups):
-        trajs = []
-        for i in range(size):
-            length = int(rng.integers(20, 60))
-            mask = (0,) * 8 + (1,) * (length - 8)
-            trajs.append(
-                Trajectory(
-                    id=f"{g}-{i}",
-                    group_id=f"g{g}",
-                    task_id="t",
-                    tokens=tuple(int(x) for x in rng.integers(0, 256, length)),
-                    loss_mask=mask,
-                    logprobs=tuple(float(-rng.uniform(1, 6)) if m else 0.0 for m in mask),
-                    versions=tuple(0 if m else -1 for m in mask),
-                    reward=float((i + g) % 3 == 0),
-                )
-            )
-        groups.append(Group(group_id=f"g{g}", number=g, task_id="t", trajectories=tuple(trajs)))
-    return groups
+    return random_groups(n_groups, size, lengths=(20, 60), prompt=8, seed=seed)
 
 
 def _learner(mesh=None) -> Learner:
